@@ -1,0 +1,64 @@
+"""The interface every compute backend implements; `Session` is its only caller.
+
+A backend owns the weights on its device and one KV cache. `cached_tokens` is the number
+of positions whose keys and values are in the cache; `prefill` appends to it, `truncate`
+cuts it back (prefix reuse), and `decode` runs the sample → forward loop, yielding token
+ids as they are sampled, until a stop id, `max_tokens`, the context's end, or `cancel()`.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.sampling import SamplingParams
+
+
+class Backend(ABC):
+    name: str  # "cpu", "cuda", ...
+
+    def __init__(self, config: ModelConfig, max_context: int):
+        self.config = config
+        self.max_context = max_context
+        self.cached_tokens = 0
+        self._cancel = threading.Event()
+
+    @property
+    @abstractmethod
+    def device_name(self) -> str:
+        """Human-readable device, e.g. 'NVIDIA H200' or 'CPU (2 cores)'."""
+
+    @abstractmethod
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Run `tokens` at positions cached_tokens.., append their K/V; return the last fp32 logits."""
+
+    @abstractmethod
+    def decode(
+        self,
+        params: SamplingParams,
+        history: list[int],
+        max_tokens: int,
+        stop_ids: set[int],
+    ) -> Iterator[int]:
+        """Sample from the logits of the last prefill step and continue.
+
+        `history` is every token id in the context (for the repetition penalty). Yielded tokens
+        are fed back, so the KV cache always holds the first `cached_tokens` ids of
+        history + yielded (the stream's last token is usually not fed). The stream ends after a
+        stop id (yielded), `max_tokens` tokens, the context's end, or cancel().
+        """
+
+    def truncate(self, length: int) -> None:
+        """Forget cached positions >= length (the history was edited or diverged)."""
+        self.cached_tokens = min(self.cached_tokens, length)
+
+    def cancel(self) -> None:
+        """Stop a running decode within one token; safe to call from any thread."""
+        self._cancel.set()
+
+    def close(self) -> None:
+        """Release device memory."""

@@ -1,0 +1,101 @@
+"""The shape of a decoder-only transformer, independent of the file format it came from.
+
+Every loader produces a `ModelConfig`; every backend consumes one. Architectures differ only
+in a few switches (QKV bias, per-head q/k norm, tied embeddings, RoPE scaling), so one
+config and one forward pass cover Llama, Mistral-style, Qwen2 and Qwen3 models.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine.errors import KogError
+
+# HF `architectures` / `model_type` values -> the family whose switches they use.
+ARCH_FAMILIES = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+}
+
+
+@dataclass
+class ModelConfig:
+    arch: str  # "llama" | "qwen2" | "qwen3"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_context: int
+    tie_embeddings: bool
+    rope_scaling: dict | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: list[int] = field(default_factory=list)
+
+    @property
+    def qkv_bias(self) -> bool:
+        return self.arch == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.arch == "qwen3"
+
+    def parameter_count(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        embeddings = v * h * (1 if self.tie_embeddings else 2)
+        return self.num_layers * per_layer + embeddings + h
+
+    @classmethod
+    def from_hf(cls, cfg: dict) -> "ModelConfig":
+        names = list(cfg.get("architectures") or []) + [cfg.get("model_type", "")]
+        arch = next((ARCH_FAMILIES[n] for n in names if n in ARCH_FAMILIES), None)
+        if arch is None:
+            raise KogError(
+                f"unsupported architecture {names[0] if names else 'unknown'!r} "
+                f"(kog runs: {', '.join(sorted(set(ARCH_FAMILIES) - set(ARCH_FAMILIES.values())))})"
+            )
+        if arch == "qwen2" and cfg.get("use_sliding_window"):
+            raise KogError("Qwen2 sliding-window attention is not supported")
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            arch=arch,
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=cfg.get("rope_theta", 10000.0),
+            max_context=cfg.get("max_position_embeddings", 2048),
+            tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            rope_scaling=cfg.get("rope_scaling"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
+        )
+
+    @classmethod
+    def from_json(cls, path: Path) -> "ModelConfig":
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, TypeError, ValueError) as e:
+            raise KogError(f"corrupt model config {path}: {e}") from None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)

@@ -1,0 +1,31 @@
+"""A model ready to run: its config, its weights (host arrays) and its tokenizer.
+
+Weights use Hugging Face tensor names (`model.layers.0.self_attn.q_proj.weight`, ...), the
+layout every loader converts to, so backends know one naming only. Linear weights are
+[out_features, in_features]. Tied models have no `lm_head.weight`: use the embedding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.tokenizer import Tokenizer
+
+
+def layer_prefix(i: int) -> str:
+    return f"model.layers.{i}."
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    config: ModelConfig
+    weights: dict[str, np.ndarray]
+    tokenizer: Tokenizer
+    source: str  # the path it was loaded from
+
+    def lm_head(self) -> np.ndarray:
+        return self.weights.get("lm_head.weight", self.weights["model.embed_tokens.weight"])

@@ -1,0 +1,27 @@
+"""Where kog keeps its files: models under the XDG cache dir, chats under the XDG data dir.
+
+`KOG_HOME` overrides both (one folder holding `cache/` and `data/`), which is also what the
+tests use to stay out of the user's home.
+"""
+
+import os
+from pathlib import Path
+
+
+def _xdg(var: str, fallback: str) -> Path:
+    value = os.environ.get(var)
+    return Path(value) if value else Path.home() / fallback
+
+
+def cache_dir() -> Path:
+    home = os.environ.get("KOG_HOME")
+    return Path(home) / "cache" if home else _xdg("XDG_CACHE_HOME", ".cache") / "kog"
+
+
+def data_dir() -> Path:
+    home = os.environ.get("KOG_HOME")
+    return Path(home) / "data" if home else _xdg("XDG_DATA_HOME", ".local/share") / "kog"
+
+
+def models_dir() -> Path:
+    return cache_dir() / "models"
