@@ -8,7 +8,7 @@ config and one forward pass cover Llama, Mistral-style, Qwen2 and Qwen3 models.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.errors import KogError
@@ -91,11 +91,33 @@ class ModelConfig:
         )
 
     @classmethod
-    def from_json(cls, path: Path) -> "ModelConfig":
+    def from_file(cls, path: Path) -> "ModelConfig":
         try:
-            return cls(**json.loads(path.read_text()))
-        except (OSError, TypeError, ValueError) as e:
-            raise KogError(f"corrupt model config {path}: {e}") from None
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1)
+            return cls.from_hf(json.loads(path.read_text()))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise KogError(f"corrupt model config {path}: {type(e).__name__}: {e}") from None
+    def to_hf(self) -> dict:
+        """The config.json a Hugging Face model of this shape would carry."""
+        arch_class = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+        cfg = {
+            "architectures": [arch_class[self.arch]],
+            "model_type": self.arch,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_scaling": self.rope_scaling,
+            "max_position_embeddings": self.max_context,
+            "tie_word_embeddings": self.tie_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else self.eos_token_ids,
+            "hidden_act": "silu",
+            "attention_bias": self.qkv_bias,
+            "torch_dtype": "float32",
+        }
+        return cfg

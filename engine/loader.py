@@ -1,0 +1,67 @@
+"""Turn a model path into a `LoadedModel`.
+
+A GGUF file is converted once into a Hugging Face style directory (config.json, fp32
+model.safetensors, tokenizer files) under the cache; later loads memory-map that directory,
+which takes well under a second instead of dequantizing every time.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+from engine.errors import KogError
+from engine.loaders import gguf_file
+from engine.loaders.safetensors_dir import check_weights, load_dir
+from engine.model import LoadedModel
+from engine.paths import cache_dir
+from engine.tokenizer import Tokenizer
+
+
+def load_model(path: Path, name: str | None = None) -> LoadedModel:
+    path = Path(path)
+    if path.is_dir():
+        return load_dir(path, name)
+    if path.suffix == ".gguf":
+        model = load_dir(converted_dir(path), name or path.stem)
+        model.source = str(path)
+        return model
+    if not path.exists():
+        raise KogError(f"no model at {path}")
+    raise KogError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """The cached conversion of `gguf_path`, made now if missing or stale."""
+    try:
+        stat = gguf_path.stat()
+    except FileNotFoundError:
+        raise KogError(f"missing model file {gguf_path}") from None
+    target = cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if not target.exists():  # conversions are renamed into place whole, so presence means complete
+        convert_gguf(gguf_path, target)
+    return target
+
+
+def convert_gguf(gguf_path: Path, target: Path) -> None:
+    from safetensors.numpy import save_file
+
+    reader = gguf_file.open_reader(gguf_path)
+    config = gguf_file.read_config(reader, gguf_path)
+    weights = gguf_file.read_weights(reader, config, gguf_path)
+    check_weights(config, weights, gguf_path)
+    tokenizer = Tokenizer.from_gguf(reader)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    try:
+        save_file(weights, staging / "model.safetensors", metadata={"source": gguf_path.name})
+        tokenizer.save(staging)
+        (staging / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
+        shutil.rmtree(target, ignore_errors=True)
+        staging.rename(target)
+    except OSError as e:
+        raise KogError(f"cannot write the converted model to {target.parent}: {e.strerror or e}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
