@@ -72,6 +72,11 @@ class ModelConfig:
             raise KogError("Qwen2 sliding-window attention is not supported")
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
+        # older configs: rope_theta + rope_scaling; newer ones fold both into rope_parameters
+        rope_params = cfg.get("rope_parameters") or {}
+        scaling = cfg.get("rope_scaling") or rope_params
+        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
+            scaling = None
         return cls(
             arch=arch,
             vocab_size=cfg["vocab_size"],
@@ -82,10 +87,10 @@ class ModelConfig:
             num_kv_heads=cfg.get("num_key_value_heads") or heads,
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=cfg.get("rope_theta", 10000.0),
+            rope_theta=rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
             max_context=cfg.get("max_position_embeddings", 2048),
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            rope_scaling=cfg.get("rope_scaling"),
+            rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
         )

@@ -8,11 +8,14 @@ layout every loader converts to, so backends know one naming only. Linear weight
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.config import ModelConfig
-from engine.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from engine.tokenizer import Tokenizer
 
 
 def layer_prefix(i: int) -> str:
@@ -24,7 +27,7 @@ class LoadedModel:
     name: str
     config: ModelConfig
     weights: dict[str, np.ndarray]
-    tokenizer: Tokenizer
+    tokenizer: "Tokenizer"
     source: str  # the path it was loaded from
 
     def lm_head(self) -> np.ndarray:

@@ -1,0 +1,1 @@
+"""The `kog` command line."""

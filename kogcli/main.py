@@ -1,0 +1,141 @@
+"""`kog`: thin typer commands — parse, call the engine, print.
+
+Every command turns an engine `KogError` into one line on stderr and exit status 1, and an
+interrupt into exit status 130, so users never see a traceback for a problem they caused.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine import __version__
+from engine.errors import KogError
+
+app = typer.Typer(
+    help="Run a local LLM at the decode speed your hardware allows.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+
+
+def user_errors(command):
+    """One line and a non-zero exit for the user's mistakes; never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        try:
+            return command(*args, **kwargs)
+        except KogError as e:
+            err.print(f"[red]error:[/red] {e}", markup=True, soft_wrap=True)
+            raise typer.Exit(1) from None
+        except KeyboardInterrupt:
+            err.print("interrupted")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _version(value: bool):
+    if value:
+        print(f"kog {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+):
+    """kog: one request, as fast as the memory allows."""
+
+
+@app.command("models")
+@user_errors
+def models_command():
+    """List the models kog knows: name, size, architecture, whether installed; the default is marked."""
+    from engine.registry import Registry
+
+    registry = Registry()
+    table = Table(title="kog models")
+    for column in ("name", "params", "download", "arch", "context", "installed", "license"):
+        table.add_column(column, justify="right" if column in ("params", "download", "context") else "left")
+    for spec in registry.all():
+        name = f"{spec.name} (default)" if spec.default else spec.name
+        table.add_row(
+            name, spec.params_label, spec.size_label, spec.arch, str(spec.context),
+            "yes" if registry.installed(spec) else "-", spec.license,
+        )
+    Console().print(table)
+
+
+@app.command("pull")
+@user_errors
+def pull_command(target: str = typer.Argument(..., help="A model name from `kog models`, hf:ORG/REPO, or a local path.")):
+    """Download a model (resumable, verified) into kog's cache."""
+    from engine.pull import pull
+
+    path = pull(target, progress=True)
+    print(f"ready: {path}")
+
+
+@app.command("generate")
+@user_errors
+def generate_command(
+    prompt: str = typer.Argument(..., help="The prompt (a user message unless --raw)."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, hf:ORG/REPO or path; default: the registry's default."),
+    device: str = typer.Option("auto", "--device", "-d", help="auto, cpu or cuda."),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Generate at most this many tokens."),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    top_k: int = typer.Option(0, "--top-k", help="0 = off."),
+    min_p: float = typer.Option(0.0, "--min-p"),
+    repetition_penalty: float = typer.Option(1.0, "--repetition-penalty"),
+    seed: int = typer.Option(0, "--seed"),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message."),
+    raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
+    context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
+    as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
+):
+    """Stream a reply to PROMPT, then one line of stats."""
+    from engine.api import load, open_session
+    from engine.sampling import SamplingParams
+
+    params = SamplingParams(
+        temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
+        repetition_penalty=repetition_penalty, seed=seed,
+    )
+    loaded = load(model)
+    session = open_session(loaded, device=device, context=context, system=system)
+    if raw:
+        if system:
+            raise KogError("--system needs the chat template; drop --raw")
+        ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
+        generation = session.complete(ids, params, max_tokens)
+    else:
+        generation = session.send(prompt, params, max_tokens)
+    try:
+        for event in generation:
+            sys.stdout.write(event.text)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        generation.cancel()
+    sys.stdout.write("\n")
+    stats = generation.stats
+    if as_json:
+        print(json.dumps(stats.as_dict() | {"model": loaded.name, "device": session.backend.device_name}))
+    else:
+        err.print(
+            f"[dim]{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
+            f"TTFT {stats.ttft_s * 1e3:.0f} ms · prefill {stats.prefill_tok_s:.0f} tok/s "
+            f"({stats.prompt_tokens} prompt, {stats.reused_tokens} reused) · "
+            f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · "
+            f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}[/dim]"
+        )

@@ -1,0 +1,66 @@
+"""The CPU backend against Hugging Face transformers (torch, fp32) as the independent reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from engine.backends.cpu import CpuBackend  # noqa: E402
+from engine.loader import load_model  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from tests.conftest import TINY_ARCHS, TINY_VOCAB, make_tiny_model  # noqa: E402
+
+GREEDY_TOKENS = 64
+
+
+def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
+    return float(np.abs(ours - reference).max() / np.abs(reference).max())
+
+
+def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding through transformers' own KV cache, never stopping early."""
+    ids, past, out = torch.tensor([prompt]), None, []
+    with torch.no_grad():
+        for _ in range(n):
+            result = model(ids, past_key_values=past, use_cache=True)
+            past = result.past_key_values
+            out.append(int(result.logits[0, -1].argmax()))
+            ids = torch.tensor([[out[-1]]])
+    return out
+
+
+def ours_greedy(backend: CpuBackend, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
+    logits = backend.prefill(prompt).copy()
+    return logits, list(backend.decode(SamplingParams(), prompt, n, stop_ids=set()))
+
+
+@pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
+@pytest.mark.parametrize("dtype,shard", [("float32", None), ("bfloat16", None), ("float16", "40KB")])
+def test_tiny_models_match_transformers(tmp_path, arch, dtype, shard, seed):
+    reference = make_tiny_model(tmp_path, arch, seed, dtype=dtype, shard=shard)
+    if shard:
+        assert (tmp_path / "model.safetensors.index.json").exists()
+    model = load_model(tmp_path)
+    prompt = np.random.default_rng(seed).integers(0, TINY_VOCAB, 24).tolist()
+    logits, tokens = ours_greedy(CpuBackend(model, 512), prompt, GREEDY_TOKENS)
+    with torch.no_grad():
+        expected = reference(torch.tensor([prompt])).logits[0, -1].numpy()
+    assert relative_error(logits, expected) < 1e-3
+    assert tokens == reference_greedy(reference, prompt, GREEDY_TOKENS)
+
+
+@pytest.mark.slow
+def test_default_gguf_matches_transformers(default_gguf):
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        default_gguf.parent, gguf_file=default_gguf.name, torch_dtype=torch.float32
+    ).eval()
+    model = load_model(default_gguf)
+    prompt = model.tokenizer.encode_chat([{"role": "user", "content": "Write a Python function that reverses a list."}])
+    logits, tokens = ours_greedy(CpuBackend(model, 1024), prompt, GREEDY_TOKENS)
+    with torch.no_grad():
+        expected = reference(torch.tensor([prompt])).logits[0, -1].numpy()
+    assert relative_error(logits, expected) < 1e-3
+    assert tokens == reference_greedy(reference, prompt, GREEDY_TOKENS)
