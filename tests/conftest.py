@@ -3,6 +3,7 @@ and the real default model (pulled into the user's cache once, like `kog pull` d
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -67,11 +68,13 @@ def make_tiny_model(directory: Path, arch: str, seed: int, dtype: str = "float32
 
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(hf_config(arch, **overrides)).eval()
-    model = model.to(getattr(torch, dtype))  # the stored precision; the reference computes in fp32 from it
+    stored = copy.deepcopy(model).to(getattr(torch, dtype))
     directory.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(directory, max_shard_size=shard or "10GB")
+    stored.save_pretrained(directory, max_shard_size=shard or "10GB")
     save_tiny_tokenizer(directory)
-    return model.float()
+    # the reference computes in fp32 from the stored weights; its RoPE tables stay fp32
+    model.load_state_dict({k: v.float() for k, v in stored.state_dict().items()})
+    return model
 
 
 @pytest.fixture

@@ -1,0 +1,37 @@
+"""The two calls every front end starts with: load a model by name or path, open a Session."""
+
+from __future__ import annotations
+
+from engine.backends import create_backend
+from engine.errors import KogError
+from engine.loader import load_model
+from engine.model import LoadedModel
+from engine.registry import Registry, installed
+from engine.session import Session
+
+
+def load(target: str | None = None, progress: bool = True) -> LoadedModel:
+    """A registry name, hf:ORG/REPO or a local path; None means the registry's default model.
+
+    The default model is pulled on first use; others must be pulled explicitly, since a hub
+    model can be many gigabytes.
+    """
+    registry = Registry()
+    resolved = registry.resolve(target or registry.default().name)
+    if resolved.spec is not None and not installed(resolved.spec):
+        if not resolved.spec.default:
+            raise KogError(f"model {resolved.name} is not installed; run: kog pull {resolved.name}")
+        from engine.pull import fetch
+
+        fetch(resolved.spec, progress=progress)
+    elif resolved.spec is None and not resolved.path.exists():
+        raise KogError(f"{target} is not downloaded; run: kog pull {target}")
+    return load_model(resolved.path, resolved.name)
+
+
+def open_session(
+    model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None
+) -> Session:
+    if context is not None and context < 16:
+        raise KogError(f"context must be at least 16 tokens, got {context}")
+    return Session(model, create_backend(model, device, context), system=system)

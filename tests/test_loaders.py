@@ -1,0 +1,135 @@
+"""Loading models from files, and each way a model file can be bad."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+from engine.config import ModelConfig  # noqa: E402
+from engine.errors import KogError  # noqa: E402
+from engine.loader import load_model  # noqa: E402
+from engine.loaders.gguf_file import _unpermute  # noqa: E402
+from tests.conftest import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture
+def tiny_dir(tmp_path, seed):
+    make_tiny_model(tmp_path / "m", "qwen2", seed)
+    return tmp_path / "m"
+
+
+def test_missing_path(tmp_path):
+    with pytest.raises(KogError, match="no model at"):
+        load_model(tmp_path / "nothing-here")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(KogError, match="no config.json"):
+        load_model(tmp_path)
+
+
+def test_missing_weights(tiny_dir):
+    (tiny_dir / "model.safetensors").unlink()
+    with pytest.raises(KogError, match="no weights"):
+        load_model(tiny_dir)
+
+
+def test_truncated_weights(tiny_dir):
+    path = tiny_dir / "model.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 1000])
+    with pytest.raises(KogError, match="truncated or corrupt"):
+        load_model(tiny_dir)
+
+
+def test_corrupt_weights_header(tiny_dir):
+    path = tiny_dir / "model.safetensors"
+    path.write_bytes(b"\xff" * 64)
+    with pytest.raises(KogError, match="corrupt weights file"):
+        load_model(tiny_dir)
+
+
+def test_weights_missing_a_tensor(tiny_dir):
+    from safetensors.numpy import load_file, save_file
+
+    path = tiny_dir / "model.safetensors"
+    tensors = load_file(path)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, path)
+    with pytest.raises(KogError, match="lack model.layers.1.mlp.up_proj.weight"):
+        load_model(tiny_dir)
+
+
+def test_unknown_architecture(tiny_dir):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    config["architectures"], config["model_type"] = ["MambaForCausalLM"], "mamba"
+    (tiny_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KogError, match="unsupported architecture 'MambaForCausalLM'"):
+        load_model(tiny_dir)
+
+
+def test_corrupt_config(tiny_dir):
+    (tiny_dir / "config.json").write_text("{ not json")
+    with pytest.raises(KogError, match="corrupt model config"):
+        load_model(tiny_dir)
+
+
+def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32):
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(1)
+    writer.add_embedding_length(32)
+    writer.add_head_count(2)
+    writer.add_context_length(64)
+    writer.add_feed_forward_length(64)
+    data = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
+    if tensor_type == gguf.GGMLQuantizationType.F32:
+        writer.add_tensor("token_embd.weight", data)
+    else:
+        quantized = gguf.quants.quantize(data, tensor_type)
+        writer.add_tensor("token_embd.weight", quantized, raw_shape=quantized.shape, raw_dtype=tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_unknown_architecture(tmp_path):
+    write_gguf(tmp_path / "m.gguf", arch="mamba")
+    with pytest.raises(KogError, match="unsupported GGUF architecture 'mamba'"):
+        load_model(tmp_path / "m.gguf")
+
+
+def test_gguf_unsupported_tensor_type(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    write_gguf(tmp_path / "m.gguf", tensor_type=gguf.GGMLQuantizationType.Q5_0)
+    with pytest.raises(KogError, match="unsupported GGUF tensor type Q5_0"):
+        load_model(tmp_path / "m.gguf")
+    assert not any((tmp_path / "home").rglob("*.safetensors"))  # nothing half-converted left behind
+
+
+def test_gguf_truncated(tmp_path, default_gguf, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    truncated = tmp_path / "cut.gguf"
+    with open(default_gguf, "rb") as src:
+        truncated.write_bytes(src.read(5_000_000))
+    with pytest.raises(KogError, match="corrupt or truncated GGUF"):
+        load_model(truncated)
+
+
+def test_unpermute_inverts_the_gguf_converter_permutation():
+    rng = np.random.default_rng(1)
+    heads, head_dim, width = 3, 8, 5
+    w = rng.standard_normal((heads * head_dim, width))
+    # the converter's order: per head, the split halves interleaved pairwise
+    permuted = w.reshape(heads, 2, head_dim // 2, width).swapaxes(1, 2).reshape(w.shape)
+    assert np.array_equal(_unpermute(permuted, heads), w)
+
+
+def test_config_round_trips_through_hf_format(tiny_dir):
+    config = ModelConfig.from_file(tiny_dir / "config.json")
+    assert ModelConfig.from_hf(config.to_hf()) == config

@@ -1,0 +1,128 @@
+"""Session: prefix reuse, history edits, cancellation, limits, stats — on the CPU reference."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from engine.api import open_session  # noqa: E402
+from engine.errors import KogError  # noqa: E402
+from engine.loader import load_model  # noqa: E402
+from engine.sampling import SamplingParams  # noqa: E402
+from tests.conftest import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture
+def tiny(tmp_path, seed):
+    make_tiny_model(tmp_path, "llama", seed)
+    return load_model(tmp_path)
+
+
+def run(generation) -> list[int]:
+    for _ in generation:
+        pass
+    return generation.token_ids
+
+
+def test_second_turn_reuses_the_cache_and_matches_a_fresh_prefill(tiny):
+    session = open_session(tiny, device="cpu", context=512, system="be brief")
+    run(session.send("hello world", max_tokens=12))
+    second = session.send("the quick brown fox", max_tokens=12)
+    reused_tokens = run(second)
+    assert second.stats.reused_tokens > 0
+    assert second.stats.prefill_tokens < second.stats.prompt_tokens
+
+    fresh = open_session(tiny, device="cpu", context=512, system="be brief")
+    fresh.set_messages(session.messages[:-2])
+    fresh_second = fresh.send("the quick brown fox", max_tokens=12)
+    assert run(fresh_second) == reused_tokens
+    assert fresh_second.stats.reused_tokens == 0
+
+
+def test_editing_history_cuts_the_cache_back(tiny):
+    session = open_session(tiny, device="cpu", context=512)
+    run(session.send("hello world", max_tokens=8))
+    run(session.send("def f(x): return x", max_tokens=8))
+    session.set_messages(session.messages[:2])  # drop the second exchange, ask something else
+    edited = session.send("lazy dog", max_tokens=10)
+    tokens = run(edited)
+    assert 0 < edited.stats.reused_tokens < edited.stats.prompt_tokens
+
+    fresh = open_session(tiny, device="cpu", context=512)
+    fresh.set_messages(session.messages[:2])
+    assert run(fresh.send("lazy dog", max_tokens=10)) == tokens
+
+
+def test_raw_completion_reuses_a_shared_prefix(tiny, seed):
+    prompt = np.random.default_rng(seed).integers(0, 300, 40).tolist()
+    session = open_session(tiny, device="cpu", context=512)
+    run(session.complete(prompt, max_tokens=5))
+    again = session.complete(prompt[:30] + [7, 8, 9], max_tokens=20)
+    tokens = run(again)
+    assert again.stats.reused_tokens == 30
+    fresh = open_session(tiny, device="cpu", context=512)
+    assert run(fresh.complete(prompt[:30] + [7, 8, 9], max_tokens=20)) == tokens
+
+
+def test_cancel_from_another_thread_then_generate_again(tiny, seed):
+    session = open_session(tiny, device="cpu", context=512)
+    generation = session.complete([1, 2, 3], max_tokens=400)
+    seen = []
+    for event in generation:
+        seen.append(event.id)
+        if len(seen) == 5:
+            threading.Thread(target=generation.cancel).start()
+    assert 5 <= len(seen) < 400
+    assert generation.stats.stop_reason == "cancelled"
+    follow_up = session.complete([1, 2, 3, 4], max_tokens=6)
+    assert len(run(follow_up)) == 6
+    assert follow_up.stats.stop_reason == "length"
+
+
+def test_stop_token_ends_the_reply(tiny, monkeypatch):
+    free = run(open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10))
+    stop = free[4]  # declare a token the model is about to produce a stop token
+    monkeypatch.setattr(tiny.tokenizer, "stop_ids", {stop})
+    generation = open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10)
+    events = list(generation)
+    assert generation.token_ids == free[: free.index(stop) + 1]
+    assert generation.stats.stop_reason == "stop"
+    assert [e.text for e in events if e.id == stop] == [""]
+
+
+def test_prompt_longer_than_the_context(tiny):
+    session = open_session(tiny, device="cpu", context=32)
+    with pytest.raises(KogError, match="context holds 32"):
+        session.complete(list(range(40)))
+
+
+def test_generation_stops_at_the_end_of_the_context(tiny):
+    session = open_session(tiny, device="cpu", context=32)
+    generation = session.complete(list(range(20)), max_tokens=100)
+    assert len(run(generation)) == 12
+    assert generation.stats.stop_reason == "context"
+
+
+def test_stats_are_filled(tiny):
+    session = open_session(tiny, device="cpu", context=256)
+    generation = session.complete(list(range(10)), max_tokens=20)
+    events = list(generation)
+    stats = generation.stats.as_dict()
+    assert stats["generated_tokens"] == 20 == len([e for e in events if e.id >= 0])
+    assert stats["prompt_tokens"] == 10 and stats["reused_tokens"] == 0
+    assert stats["ttft_s"] > 0 and stats["decode_tok_s"] > 0 and stats["prefill_tok_s"] > 0
+    assert 0 < stats["latency_p50_ms"] <= stats["latency_p99_ms"]
+    assert "".join(e.text for e in events) == generation.text
+    times = [e.time for e in events]
+    assert times == sorted(times)
+
+
+def test_same_seed_same_sampled_reply(tiny):
+    params = SamplingParams(temperature=0.8, top_p=0.9, seed=1234)
+    first = run(open_session(tiny, device="cpu", context=256).complete([5, 6, 7], params, max_tokens=30))
+    second = run(open_session(tiny, device="cpu", context=256).complete([5, 6, 7], params, max_tokens=30))
+    assert first == second
