@@ -57,11 +57,19 @@ def main(
     """kog: one request, as fast as the memory allows."""
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.1f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def _bytes(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e9 else f"{n / 1e6:.0f} MB"
+
+
 @app.command("models")
 @user_errors
 def models_command():
     """List the models kog knows: name, size, architecture, whether installed; the default is marked."""
-    from engine.registry import Registry
+    from engine.registry import Registry, installed
 
     registry = Registry()
     table = Table(title="kog models")
@@ -70,8 +78,8 @@ def models_command():
     for spec in registry.all():
         name = f"{spec.name} (default)" if spec.default else spec.name
         table.add_row(
-            name, spec.params_label, spec.size_label, spec.arch, str(spec.context),
-            "yes" if registry.installed(spec) else "-", spec.license,
+            name, _count(spec.params), _bytes(spec.size), spec.arch, str(spec.context),
+            "yes" if installed(spec) else "-", spec.license,
         )
     Console().print(table)
 

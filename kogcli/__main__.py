@@ -1,0 +1,3 @@
+from kogcli.main import app
+
+app(prog_name="kog")

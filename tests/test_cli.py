@@ -1,0 +1,95 @@
+"""The `kog` command as users run it: a real subprocess, real exit codes, real output."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+KOG = [sys.executable, "-m", "kogcli"]
+
+
+def kog(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([*KOG, *args], capture_output=True, text=True, timeout=timeout, env=(os.environ | (env or {})))
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, fragment: str, chatter_before: bool = False) -> None:
+    """Exit status 1 and one `error:` line; `chatter_before` admits progress lines pip printed first."""
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert chatter_before or len(lines) == 1, result.stderr
+    assert lines[-1].startswith("error:") and fragment in lines[-1], lines[-1]
+    assert sum(line.startswith("error:") for line in lines) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_version():
+    result = kog("--version")
+    assert result.returncode == 0 and result.stdout.startswith("kog ")
+
+
+@pytest.mark.parametrize("command", ["models", "pull", "generate"])
+def test_every_command_has_help(command):
+    result = kog(command, "--help")
+    assert result.returncode == 0 and "Usage" in result.stdout
+
+
+def test_models_marks_the_default(default_gguf):
+    result = kog("models", env={"COLUMNS": "200"})
+    assert result.returncode == 0
+    line = next(li for li in result.stdout.splitlines() if "smollm2-135m-instruct" in li)
+    assert "(default)" in line and "yes" in line
+    assert "qwen3-1.7b" in result.stdout
+
+
+def test_generate_streams_text_then_stats_as_json(default_gguf):
+    result = kog("generate", "Name a primary color.", "--device", "cpu", "--max-tokens", "12", "--json")
+    assert result.returncode == 0, result.stderr
+    *text, stats_line = result.stdout.strip().splitlines()
+    stats = json.loads(stats_line)
+    assert "".join(text).strip()
+    assert 1 <= stats["generated_tokens"] <= 12
+    assert stats["decode_tok_s"] > 0 and stats["prompt_tokens"] > 0 and stats["model"] == "smollm2-135m-instruct"
+
+
+def test_generate_raw_prints_a_stats_line(default_gguf):
+    result = kog("generate", "def add(a, b):", "--raw", "--device", "cpu", "--max-tokens", "8", "--seed", "3", "--temperature", "0.7")
+    assert result.returncode == 0, result.stderr
+    assert "tok/s" in result.stderr and "TTFT" in result.stderr
+
+
+def test_unknown_model_suggests_close_names():
+    assert_one_line_error(kog("generate", "hi", "--model", "smollm2-135m-instruc"), "did you mean smollm2-135m-instruct")
+
+
+def test_cuda_without_a_gpu(default_gguf):
+    pytest.importorskip("engine.backends")
+    from engine.backends import cuda_available
+
+    if cuda_available():
+        pytest.skip("this machine has a GPU")
+    assert_one_line_error(kog("generate", "hi", "--device", "cuda"), "needs an NVIDIA GPU")
+
+
+def test_prompt_longer_than_the_context(default_gguf):
+    assert_one_line_error(kog("generate", "word " * 200, "--device", "cpu", "--context", "64"), "context holds 64")
+
+
+def test_bad_sampling_parameter():
+    assert_one_line_error(kog("generate", "hi", "--top-p", "0"), "top-p must be in (0, 1]")
+
+
+def test_corrupt_local_model(tmp_path):
+    (tmp_path / "config.json").write_text("{broken")
+    assert_one_line_error(kog("generate", "hi", "--model", str(tmp_path)), "corrupt model config")
+
+
+def test_pull_offline(tmp_path):
+    env = {"KOG_HOME": str(tmp_path), "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
+           "PIP_EXTRA_INDEX_URL": "", "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
+    result = kog("pull", "smollm2-135m-instruct", env=env)
+    assert_one_line_error(result, "offline", chatter_before=True)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
