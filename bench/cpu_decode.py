@@ -67,8 +67,25 @@ def run_transformers(runs: int, tokens: int) -> dict:
     return {"tok_s": rates[1:], "tokens": out, "threads": torch.get_num_threads()}
 
 
+def read_bandwidth_gb_s(size_bytes: int = 1 << 30) -> float:
+    """This machine's memory read rate: best of 5 sums over a buffer far larger than the caches."""
+    import numpy as np
+
+    buffer = np.ones(size_bytes // 4, dtype=np.float32)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        buffer.sum()
+        best = min(best, time.perf_counter() - start)
+    return size_bytes / best / 1e9
+
+
 def measure(name: str, runs: int, tokens: int) -> dict:
     result = (run_kog if name == "kog" else run_transformers)(runs, tokens)
+    if name == "kog":
+        from engine.api import load
+
+        result["bytes_per_token"] = load(None, progress=False).config.weights_read_per_token() * 4  # fp32
     result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result
 
@@ -82,6 +99,7 @@ def main() -> None:
     if args.phase:
         print(json.dumps(measure(args.phase, args.runs, args.tokens)))
         return
+    bandwidth = read_bandwidth_gb_s()
     results = {}
     for name in ("kog", "transformers"):
         cmd = [sys.executable, __file__, "--phase", name, "--runs", str(args.runs), "--tokens", str(args.tokens)]
@@ -93,6 +111,9 @@ def main() -> None:
     print(f"  kog cpu backend      {kog_rate:7.1f} tok/s  (runs {', '.join(f'{r:.1f}' for r in kog['tok_s'])})  peak RSS {kog['peak_rss_mb']:.0f} MB")
     print(f"  transformers eager   {ref_rate:7.1f} tok/s  (runs {', '.join(f'{r:.1f}' for r in ref['tok_s'])})  peak RSS {ref['peak_rss_mb']:.0f} MB  torch threads {ref['threads']}")
     print(f"  ratio kog / transformers: {kog_rate / ref_rate:.2f}x")
+    gb_per_token = kog["bytes_per_token"] / 1e9
+    print(f"  bytes per token {gb_per_token:.3f} GB (fp32); measured read bandwidth {bandwidth:.1f} GB/s "
+          f"-> limit {bandwidth / gb_per_token:.1f} tok/s; kog MBU {kog_rate * gb_per_token / bandwidth:.0%}")
     print(f"  load of the cached default model: {kog['load_s']:.2f} s")
     print(f"  greedy tokens identical: {kog['tokens'] == ref['tokens']}")
 

@@ -59,6 +59,12 @@ class ModelConfig:
         embeddings = v * h * (1 if self.tie_embeddings else 2)
         return self.num_layers * per_layer + embeddings + h
 
+    def weights_read_per_token(self) -> int:
+        """Parameters one decode step streams: every matrix and norm, the LM head, but of the
+        input embedding only one row (when it is not tied to the LM head)."""
+        untied_embedding = 0 if self.tie_embeddings else self.vocab_size * self.hidden_size
+        return self.parameter_count() - untied_embedding
+
     @classmethod
     def from_hf(cls, cfg: dict) -> "ModelConfig":
         names = list(cfg.get("architectures") or []) + [cfg.get("model_type", "")]

@@ -32,3 +32,8 @@ class LoadedModel:
 
     def lm_head(self) -> np.ndarray:
         return self.weights.get("lm_head.weight", self.weights["model.embed_tokens.weight"])
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """Ids that end a reply: the tokenizer's end-of-turn tokens and the config's eos ids."""
+        return self.tokenizer.stop_ids | set(self.config.eos_token_ids)

@@ -106,7 +106,7 @@ class Generation:
     def _run(self) -> Iterator[TokenEvent]:
         session, backend, stats = self._session, self._session.backend, self.stats
         tokenizer = session.model.tokenizer
-        stop_ids = tokenizer.stop_ids
+        stop_ids = session.model.stop_ids
         decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
         last = None
         stats.stop_reason = "cancelled"

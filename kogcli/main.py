@@ -1,12 +1,11 @@
 """`kog`: thin typer commands — parse, call the engine, print.
 
-Every command turns an engine `KogError` into one line on stderr and exit status 1, and an
-interrupt into exit status 130, so users never see a traceback for a problem they caused.
+Commands for the larger front ends live in their own modules and register themselves on
+`app` at the bottom of this file.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from typing import Optional
@@ -17,6 +16,7 @@ from rich.table import Table
 
 from engine import __version__
 from engine.errors import KogError
+from kogcli.common import err, user_errors
 
 app = typer.Typer(
     help="Run a local LLM at the decode speed your hardware allows.",
@@ -24,26 +24,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-err = Console(stderr=True, highlight=False)
-
-
-def user_errors(command):
-    """One line and a non-zero exit for the user's mistakes; never a traceback."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        try:
-            return command(*args, **kwargs)
-        except KogError as e:
-            err.print(f"[red]error:[/red] {e}", markup=True, soft_wrap=True)
-            raise typer.Exit(1) from None
-        except KeyboardInterrupt:
-            err.print("interrupted")
-            raise typer.Exit(130) from None
-
-    return wrapper
-
-
 def _version(value: bool):
     if value:
         print(f"kog {__version__}")

@@ -87,6 +87,7 @@ def test_stop_token_ends_the_reply(tiny, monkeypatch):
     free = run(open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10))
     stop = free[4]  # declare a token the model is about to produce a stop token
     monkeypatch.setattr(tiny.tokenizer, "stop_ids", {stop})
+    monkeypatch.setattr(tiny.config, "eos_token_ids", [])
     generation = open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10)
     events = list(generation)
     assert generation.token_ids == free[: free.index(stop) + 1]
