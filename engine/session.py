@@ -81,6 +81,7 @@ class Generation:
         max_tokens: int,
         requested_tokens: int,
         on_done: Callable[["Generation"], None] | None,
+        stop_ids: set[int],
     ):
         self._session = session
         self._prompt_ids = prompt_ids
@@ -88,6 +89,7 @@ class Generation:
         self._max_tokens = max_tokens  # requested_tokens, capped by the room left in the context
         self._requested_tokens = requested_tokens
         self._on_done = on_done
+        self._stop_ids = stop_ids
         self.stats = GenerationStats(prompt_tokens=len(prompt_ids))
         self.token_ids: list[int] = []
         self.text = ""
@@ -106,7 +108,7 @@ class Generation:
     def _run(self) -> Iterator[TokenEvent]:
         session, backend, stats = self._session, self._session.backend, self.stats
         tokenizer = session.model.tokenizer
-        stop_ids = session.model.stop_ids
+        stop_ids = self._stop_ids
         decoder = IncrementalDecoder(tokenizer, skip_special_tokens=True)
         last = None
         stats.stop_reason = "cancelled"
@@ -173,15 +175,23 @@ class Session:
         self.messages.append({"role": "user", "content": text})
         return generation
 
-    def complete(self, prompt_ids: list[int], params: SamplingParams = SamplingParams(), max_tokens: int = 512) -> Generation:
-        """Continue raw token ids (no chat template); prefix reuse applies all the same."""
-        return self._generate(list(prompt_ids), params, max_tokens)
+    def complete(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams = SamplingParams(),
+        max_tokens: int = 512,
+        stop_at_eos: bool = True,
+    ) -> Generation:
+        """Continue raw token ids (no chat template); prefix reuse applies all the same.
+
+        `stop_at_eos=False` generates exactly max_tokens (benchmarks need a fixed length)."""
+        return self._generate(list(prompt_ids), params, max_tokens, stop_ids=None if stop_at_eos else set())
 
     def set_messages(self, messages: list[dict]) -> None:
         """Replace the history (edit, undo, /clear); the cache is cut back lazily on the next turn."""
         self.messages = list(messages)
 
-    def _generate(self, prompt: list[int], params: SamplingParams, max_tokens: int, on_done=None) -> Generation:
+    def _generate(self, prompt: list[int], params: SamplingParams, max_tokens: int, on_done=None, stop_ids=None) -> Generation:
         if not prompt:
             raise KogError("empty prompt")
         room = self.context_size - len(prompt)
@@ -189,7 +199,8 @@ class Session:
             raise KogError(f"the prompt is {len(prompt)} tokens but the context holds {self.context_size}")
         if max_tokens < 1:
             raise KogError(f"max tokens must be >= 1, got {max_tokens}")
-        return Generation(self, prompt, params, min(max_tokens, room), max_tokens, on_done)
+        stops = self.model.stop_ids if stop_ids is None else stop_ids
+        return Generation(self, prompt, params, min(max_tokens, room), max_tokens, on_done, stops)
 
     def _prepare_cache(self, prompt: list[int]) -> int:
         """Cut the cache back to the longest prefix it shares with `prompt`; return its length."""

@@ -70,7 +70,7 @@ def test_raw_completion_reuses_a_shared_prefix(tiny, seed):
 
 def test_cancel_from_another_thread_then_generate_again(tiny, seed):
     session = open_session(tiny, device="cpu", context=512)
-    generation = session.complete([1, 2, 3], max_tokens=400)
+    generation = session.complete([1, 2, 3], max_tokens=400, stop_at_eos=False)
     seen = []
     for event in generation:
         seen.append(event.id)
@@ -78,7 +78,7 @@ def test_cancel_from_another_thread_then_generate_again(tiny, seed):
             threading.Thread(target=generation.cancel).start()
     assert 5 <= len(seen) < 400
     assert generation.stats.stop_reason == "cancelled"
-    follow_up = session.complete([1, 2, 3, 4], max_tokens=6)
+    follow_up = session.complete([1, 2, 3, 4], max_tokens=6, stop_at_eos=False)
     assert len(run(follow_up)) == 6
     assert follow_up.stats.stop_reason == "length"
 
@@ -103,14 +103,14 @@ def test_prompt_longer_than_the_context(tiny):
 
 def test_generation_stops_at_the_end_of_the_context(tiny):
     session = open_session(tiny, device="cpu", context=32)
-    generation = session.complete(list(range(20)), max_tokens=100)
+    generation = session.complete(list(range(20)), max_tokens=100, stop_at_eos=False)
     assert len(run(generation)) == 12
     assert generation.stats.stop_reason == "context"
 
 
 def test_stats_are_filled(tiny):
     session = open_session(tiny, device="cpu", context=256)
-    generation = session.complete(list(range(10)), max_tokens=20)
+    generation = session.complete(list(range(10)), max_tokens=20, stop_at_eos=False)
     events = list(generation)
     stats = generation.stats.as_dict()
     assert stats["generated_tokens"] == 20 == len([e for e in events if e.id >= 0])
