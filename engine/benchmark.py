@@ -1,0 +1,249 @@
+"""Single-request decode benchmark: kog and its peers on one workload, measured the same way.
+
+Every backend gets the same prompt ids, greedy decoding, a fixed number of generated tokens
+(end-of-sequence ignored), one warm-up run and `repetitions` timed runs. Decode rate counts
+the tokens after the first over the time from the first to the last, so prefill (TTFT) is
+reported separately. Peers are Hugging Face transformers, eager and — on a GPU — with a
+static KV cache and one decode step captured as a CUDA graph. Before a rate is believed the
+backends must agree on the first greedy tokens (`apply_gate`).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.model import LoadedModel
+from engine.sampling import SamplingParams
+
+GATE_TOKENS = 8  # greedy tokens every backend must share with the reference
+
+
+@dataclass(frozen=True)
+class Workload:
+    context: int  # prompt tokens prefilled before decoding (32, 1k, 4k: "context already in the cache")
+    generate: int  # tokens decoded per run
+    repetitions: int  # timed runs, after one warm-up
+
+
+@dataclass
+class Sample:
+    decode_tok_s: float
+    ttft_s: float
+    prefill_tok_s: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+
+
+@dataclass
+class BackendRun:
+    backend: str  # "kog-cuda", "kog-cpu", "transformers-eager", "transformers-graph"
+    model: str
+    synthetic: bool
+    context: int
+    generate: int
+    bytes_per_token: int
+    samples: list[Sample] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)  # the greedy tokens of the first run
+    excluded: str | None = None  # why the correctness gate left it out
+
+    def median(self, name: str) -> float:
+        return statistics.median(getattr(s, name) for s in self.samples)
+
+    def spread(self, name: str) -> tuple[float, float]:
+        values = [getattr(s, name) for s in self.samples]
+        return min(values), max(values)
+
+    def mbu(self, bandwidth_gb_s: float) -> float:
+        return self.median("decode_tok_s") * self.bytes_per_token / (bandwidth_gb_s * 1e9)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def bytes_per_token(config: ModelConfig, weight_bytes: int, kv_bytes: int, context: int, generate: int) -> int:
+    """Bytes one decode step reads: all weights, plus the K and V of the mean context length."""
+    mean_context = context + generate / 2
+    kv = 2 * config.num_layers * config.num_kv_heads * config.head_dim * kv_bytes * mean_context
+    return int(config.weights_read_per_token() * weight_bytes + kv)
+
+
+def prompt_ids(config: ModelConfig, length: int, run: int) -> list[int]:
+    """Deterministic ids spread over the vocabulary; the first differs per run so that no run
+    reuses the previous run's KV cache."""
+    rng = np.random.default_rng(length)
+    ids = rng.integers(256, config.vocab_size - 256, size=length).tolist()
+    ids[0] = 256 + run
+    return ids
+
+
+def _sample(token_times: list[float], start: float, prompt_tokens: int) -> Sample:
+    gaps = np.diff(token_times)
+    return Sample(
+        decode_tok_s=len(gaps) / (token_times[-1] - token_times[0]),
+        ttft_s=token_times[0] - start,
+        prefill_tok_s=prompt_tokens / (token_times[0] - start),
+        latency_p50_ms=float(np.percentile(gaps, 50)) * 1e3,
+        latency_p99_ms=float(np.percentile(gaps, 99)) * 1e3,
+    )
+
+
+def run_kog(model: LoadedModel, device: str, workload: Workload, synthetic: bool) -> BackendRun:
+    from engine.api import open_session
+
+    session = open_session(model, device=device, context=workload.context + workload.generate + 1)
+    backend = session.backend
+    result = BackendRun(
+        backend=f"kog-{backend.name}", model=model.name, synthetic=synthetic, context=workload.context,
+        generate=workload.generate,
+        bytes_per_token=bytes_per_token(model.config, backend.weight_bytes, backend.kv_bytes, workload.context, workload.generate),
+    )
+    for run in range(workload.repetitions + 1):
+        prompt = prompt_ids(model.config, workload.context, run)
+        start = time.perf_counter()
+        generation = session.complete(prompt, SamplingParams(), workload.generate, stop_at_eos=False)
+        times = [event.time for event in generation if event.id >= 0]
+        if run == 0:
+            result.tokens = generation.token_ids
+        else:
+            result.samples.append(_sample(times, start, len(prompt)))
+    backend.close()
+    return result
+
+
+def _transformers_model(model: LoadedModel, device: str):
+    import torch
+    import transformers
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    fields = model.config.to_hf()
+    config = transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
+    config._attn_implementation = "sdpa"
+    with torch.device(device):
+        hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in model.weights.items() if k != "rope_freqs.weight"}
+    missing, unexpected = hf.load_state_dict(state, strict=False)
+    if unexpected or [k for k in missing if k != "lm_head.weight"]:
+        raise RuntimeError(f"weights do not fit the transformers model: {missing or unexpected}")
+    return hf
+
+
+def run_transformers(model: LoadedModel, device: str, workload: Workload, synthetic: bool, graph: bool) -> BackendRun:
+    """transformers on the same weights: eager, or (cuda) static cache + CUDA graph."""
+    import torch
+
+    hf = _transformers_model(model, device)
+    weight_bytes = 2 if device == "cuda" else 4
+    result = BackendRun(
+        backend="transformers-graph" if graph else "transformers-eager", model=model.name, synthetic=synthetic,
+        context=workload.context, generate=workload.generate,
+        bytes_per_token=bytes_per_token(model.config, weight_bytes, weight_bytes, workload.context, workload.generate),
+    )
+    step = _graph_decoder(hf, model.config, workload) if graph else _eager_decoder(hf)
+    with torch.inference_mode():
+        for run in range(workload.repetitions + 1):
+            prompt = prompt_ids(model.config, workload.context, run)
+            start = time.perf_counter()
+            tokens, sample = step(prompt, workload.generate, start)
+            if run == 0:
+                result.tokens = tokens
+            else:
+                result.samples.append(sample)
+    del hf
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return result
+
+
+def _eager_decoder(hf):
+    import torch
+
+    device = hf.device
+
+    def decode(prompt: list[int], n: int, start: float):
+        ids, past, tokens, times = torch.tensor([prompt], device=device), None, [], []
+        for _ in range(n):
+            out = hf(ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))  # the host needs the token: a sync, as in generate()
+            times.append(time.perf_counter())
+            ids = torch.tensor([[tokens[-1]]], device=device)
+        return tokens, _sample(times, start, len(prompt))
+
+    return decode
+
+
+def _graph_decoder(hf, config: ModelConfig, workload: Workload):
+    """One decode step on a static KV cache, captured once as a CUDA graph and replayed per token.
+
+    The strongest form of this peer: replays are queued back to back and the tokens collected
+    on the device, with one synchronization at the end (so per-token latency is the mean)."""
+    import torch
+    from transformers import StaticCache
+
+    total = workload.context + workload.generate + 1
+    cache = StaticCache(config=hf.config, max_cache_len=total)
+    position = torch.zeros(1, dtype=torch.long, device="cuda")
+    tokens = torch.zeros(total + 1, dtype=torch.long, device="cuda")  # tokens[p] is the token at position p
+
+    def step():
+        logits = hf(input_ids=tokens[position].view(1, 1), past_key_values=cache, cache_position=position, use_cache=True).logits
+        tokens[position + 1] = logits[0, -1].argmax()
+        position.add_(1)
+
+    def prefill(prompt: list[int]):
+        cache.reset()
+        ids = torch.tensor([prompt], device="cuda")
+        logits = hf(input_ids=ids, past_key_values=cache, cache_position=torch.arange(len(prompt), device="cuda"), use_cache=True).logits
+        tokens[len(prompt)] = logits[0, -1].argmax()
+        position.fill_(len(prompt))
+
+    warm_prompt = prompt_ids(config, workload.context, 0)
+    prefill(warm_prompt)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    prefill(warm_prompt)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+
+    def decode(prompt: list[int], n: int, start: float):
+        prefill(prompt)
+        first_token = int(tokens[len(prompt)])  # the first token reaches the host: TTFT
+        first = time.perf_counter()
+        for _ in range(n - 1):
+            graph.replay()
+        torch.cuda.synchronize()
+        decode_s = time.perf_counter() - first
+        mean_ms = decode_s / (n - 1) * 1e3
+        sample = Sample(
+            decode_tok_s=(n - 1) / decode_s, ttft_s=first - start, prefill_tok_s=len(prompt) / (first - start),
+            latency_p50_ms=mean_ms, latency_p99_ms=mean_ms,
+        )
+        out = tokens[len(prompt) : len(prompt) + n].tolist()
+        assert out[0] == first_token
+        return out, sample
+
+    return decode
+
+
+def apply_gate(runs: list[BackendRun]) -> None:
+    """Exclude every run whose first greedy tokens differ from the reference's: transformers
+    eager where present (the independent implementation), else the first run."""
+    if not runs:
+        return
+    reference = next((r for r in runs if r.backend == "transformers-eager"), runs[0])
+    for run in runs:
+        if run.tokens[:GATE_TOKENS] != reference.tokens[:GATE_TOKENS]:
+            run.excluded = (
+                f"greedy tokens differ from {reference.backend} "
+                f"({run.tokens[:GATE_TOKENS]} vs {reference.tokens[:GATE_TOKENS]})"
+            )

@@ -1,0 +1,255 @@
+"""`kog bench`: single-request decode speed beside its peers and the machine's own limit."""
+
+from __future__ import annotations
+
+import json
+import platform
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from engine.errors import KogError
+from engine.files import write_atomic
+from kogcli.common import err, user_errors
+
+QUICK_CONTEXTS, FULL_CONTEXTS = [32], [32, 1024, 4096]
+# the registry's small-to-mid models, benchmarked by a full run on a GPU
+GPU_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "llama-3.2-1b-instruct",
+              "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b"]
+AGENT_TOKENS = 50_000
+
+
+def register(app: typer.Typer) -> None:
+    app.command("bench")(bench_command)
+
+
+@user_errors
+def bench_command(
+    quick: bool = typer.Option(False, "--quick", help="One model, 32-token prompt, kog only: under a minute."),
+    model: Optional[list[str]] = typer.Option(None, "--model", "-m", help="Model name or path (repeatable)."),
+    device: str = typer.Option("auto", "--device", "-d", help="auto, cpu or cuda."),
+    context: Optional[list[int]] = typer.Option(None, "--context", help="Tokens of context before decoding (repeatable; default 32, 1024, 4096)."),
+    tokens: Optional[int] = typer.Option(None, "--tokens", "-n", help="Tokens generated per run (default 256 on a GPU; 128 on a CPU, 64 with --quick)."),
+    runs: Optional[int] = typer.Option(None, "--runs", help="Timed runs per backend, after one warm-up (default 5; 3 with --quick)."),
+    peers: bool = typer.Option(True, "--peers/--no-peers", help="Also run transformers (eager; static cache + CUDA graph on a GPU)."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Write machine info and every sample as JSON."),
+    plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tok/s and MBU per backend and model."),
+):
+    """Measure single-request decode speed: tok/s, TTFT, latency, MBU against the measured bandwidth."""
+    from engine import benchmark, hardware
+    from engine.backends import resolve_device
+
+    device = resolve_device(device)
+    if runs is not None and runs < 1 or tokens is not None and tokens < 2:
+        raise KogError("--runs must be >= 1 and --tokens >= 2")
+    if plot_file is not None:
+        _require_matplotlib()
+    targets = model or (GPU_MODELS if device == "cuda" and not quick else [None])
+    workloads = [
+        benchmark.Workload(context=c, generate=tokens or _default_tokens(device, quick), repetitions=runs or (3 if quick else 5))
+        for c in (context or (QUICK_CONTEXTS if quick else FULL_CONTEXTS))
+    ]
+    if any(w.context < 1 for w in workloads):
+        raise KogError("--context must be >= 1")
+    if quick and len(targets) > 1:
+        raise KogError("--quick measures one model; drop --quick to compare several")
+    from engine.registry import Registry
+
+    for target in targets:  # fail on a bad name before minutes of measuring
+        if target is not None:
+            Registry().resolve(target)
+    info = hardware.describe(device)
+    if device == "cpu":
+        err.print("[yellow]no GPU found: measuring the CPU backend[/yellow]" if not _gpu_present() else "measuring the CPU backend")
+    err.print(f"measuring the read bandwidth of the {info['device']} ...")
+    bandwidth = hardware.read_bandwidth_gb_s(device)
+    results = []
+    for target in targets:
+        loaded, synthetic = _load(target)
+        for workload in workloads:
+            if workload.context + workload.generate > loaded.config.max_context:
+                raise KogError(f"{loaded.name}: context {workload.context} + {workload.generate} tokens exceeds its {loaded.config.max_context}")
+            err.print(f"{loaded.name}: {workload.context}-token context, {workload.generate} tokens x {workload.repetitions} runs ...")
+            group = [benchmark.run_kog(loaded, device, workload, synthetic)]
+            if peers and not quick and _transformers_present():
+                group.append(benchmark.run_transformers(loaded, device, workload, synthetic, graph=False))
+                if device == "cuda":
+                    group.append(benchmark.run_transformers(loaded, device, workload, synthetic, graph=True))
+            benchmark.apply_gate(group)
+            results.extend(group)
+    report = {
+        "machine": info | {"python": platform.python_version(), "versions": _versions()},
+        "bandwidth_gb_s": bandwidth,
+        "runs": [r.as_dict() | {"mbu": r.mbu(bandwidth), "weights": _weights_label(r.synthetic)} for r in results],
+    }
+    if quick:
+        _print_quick(results[0], info, bandwidth)
+    else:
+        _print_table(results, info, bandwidth)
+    if json_file is not None:
+        write_atomic(json_file, json.dumps(report, indent=1).encode())
+    if plot_file is not None:
+        _plot(results, bandwidth, plot_file)
+
+
+def _default_tokens(device: str, quick: bool) -> int:
+    if device == "cuda":
+        return 256
+    return 64 if quick else 128
+
+
+def _load(target: str | None):
+    """Real weights when the model is on disk (the default model is pulled), else random
+    weights at the registry's shapes."""
+    from engine.api import load
+    from engine.registry import Registry, installed
+    from engine.synthetic import synthetic_model
+
+    registry = Registry()
+    resolved = registry.resolve(target or registry.default().name)
+    spec = resolved.spec
+    if spec is None or installed(spec) or spec.default:
+        return load(target), False
+    return synthetic_model(spec.name, spec.model_config(), seed=0), True
+
+
+def _weights_label(synthetic: bool) -> str:
+    return "synthetic weights at the real shapes" if synthetic else "real"
+
+
+def _gpu_present() -> bool:
+    from engine.backends import cuda_available
+
+    return cuda_available()
+
+
+def _transformers_present() -> bool:
+    try:
+        import torch  # noqa: F401
+        import transformers  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("kog", "numpy", "cupy-cuda12x", "cupy-cuda13x", "torch", "transformers"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def _print_quick(run, info: dict, bandwidth: float) -> None:
+    rate = run.median("decode_tok_s")
+    limit = bandwidth * 1e9 / run.bytes_per_token
+    minutes = AGENT_TOKENS / rate / 60
+    table = Table(show_header=False, title="kog bench --quick")
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [
+        ("model", run.model),
+        ("weights", _weights_label(run.synthetic)),
+        ("device", f"{info['device']} ({info['driver']})"),
+        ("backend", run.backend),
+        ("decode", f"{rate:,.1f} tok/s (runs {', '.join(f'{s.decode_tok_s:,.1f}' for s in run.samples)})"),
+        ("TTFT", f"{run.median('ttft_s') * 1e3:,.1f} ms for a {run.context}-token prompt"),
+        ("prefill", f"{run.median('prefill_tok_s'):,.0f} tok/s"),
+        ("per-token latency", f"p50 {run.median('latency_p50_ms'):.2f} ms, p99 {run.median('latency_p99_ms'):.2f} ms"),
+        ("bytes per token", f"{run.bytes_per_token / 1e6:,.1f} MB"),
+        ("read bandwidth (measured now)", f"{bandwidth:,.1f} GB/s -> limit {limit:,.0f} tok/s"),
+        ("MBU", f"{run.mbu(bandwidth):.0%}"),
+        ("agent loop", f"{AGENT_TOKENS:,} generated tokens take {minutes:,.1f} min at this rate"),
+    ]
+    for key, value in rows:
+        table.add_row(key, value)
+    Console().print(table)
+
+
+def _print_table(results, info: dict, bandwidth: float) -> None:
+    table = Table(title=f"kog bench · {info['device']} · read bandwidth {bandwidth:,.1f} GB/s (measured now)")
+    for column in ("model", "weights", "context", "backend", "decode tok/s", "spread", "TTFT ms", "prefill tok/s",
+                   "p50/p99 ms", "MBU", "vs best peer"):
+        table.add_column(column, justify="left" if column in ("model", "weights", "backend") else "right")
+    for run in results:
+        peers = [r for r in results if r.model == run.model and r.context == run.context and not r.backend.startswith("kog")
+                 and r.excluded is None]
+        best_peer = max((p.median("decode_tok_s") for p in peers), default=None)
+        if run.excluded:
+            table.add_row(run.model, _weights_label(run.synthetic), str(run.context), run.backend,
+                          "excluded", run.excluded[:60], "", "", "", "", "")
+            continue
+        low, high = run.spread("decode_tok_s")
+        table.add_row(
+            run.model, "synthetic" if run.synthetic else "real", str(run.context), run.backend,
+            f"{run.median('decode_tok_s'):,.1f}", f"{low:,.0f}–{high:,.0f}", f"{run.median('ttft_s') * 1e3:,.1f}",
+            f"{run.median('prefill_tok_s'):,.0f}",
+            f"{run.median('latency_p50_ms'):.2f}/{run.median('latency_p99_ms'):.2f}", f"{run.mbu(bandwidth):.0%}",
+            f"{run.median('decode_tok_s') / best_peer:.2f}x" if best_peer else "-",
+        )
+    Console().print(table)
+    if any(r.synthetic for r in results):
+        Console().print("synthetic = random weights at the model's real shapes (the model is not downloaded)")
+
+
+def _require_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise KogError("--plot needs matplotlib: pip install 'kog[bench]'") from None
+
+
+def _plot(results, bandwidth: float, path: Path) -> None:
+    import io
+
+    import matplotlib.pyplot as plt
+
+    fig = build_figure(results, bandwidth)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    write_atomic(path, buffer.getvalue())
+
+
+def build_figure(results, bandwidth: float):
+    """Two panels: decode tok/s per backend with each model's bandwidth limit dashed, and MBU."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    kept = [r for r in results if r.excluded is None]
+    groups = sorted({(r.model, r.context) for r in kept}, key=lambda g: (g[0], g[1]))
+    backends = sorted({r.backend for r in kept})
+    fig, (rate_axis, mbu_axis) = plt.subplots(2, 1, figsize=(max(6, 2 + 1.6 * len(groups)), 8))
+    width = 0.8 / len(backends)
+    for i, backend in enumerate(backends):
+        xs, rates, mbus = [], [], []
+        for g, (model, ctx) in enumerate(groups):
+            run = next((r for r in kept if (r.model, r.context, r.backend) == (model, ctx, backend)), None)
+            if run:
+                xs.append(g + i * width)
+                rates.append(run.median("decode_tok_s"))
+                mbus.append(run.mbu(bandwidth) * 100)
+        rate_axis.bar(xs, rates, width, label=backend)
+        mbu_axis.bar(xs, mbus, width, label=backend)
+    for g, (model, ctx) in enumerate(groups):
+        run = next(r for r in kept if (r.model, r.context) == (model, ctx))
+        limit = bandwidth * 1e9 / run.bytes_per_token
+        rate_axis.hlines(limit, g - width / 2, g + 0.8 - width / 2, colors="black", linestyles="dashed",
+                         label="bandwidth limit" if g == 0 else None)
+    labels = [f"{m}\n{c} ctx" for m, c in groups]
+    for axis, title in ((rate_axis, "decode tok/s"), (mbu_axis, "MBU %")):
+        axis.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], labels, fontsize=8)
+        axis.set_ylabel(title)
+        axis.legend(fontsize=8)
+    mbu_axis.axhline(100, color="black", linestyle="dashed")
+    fig.tight_layout()
+    return fig

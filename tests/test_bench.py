@@ -1,0 +1,82 @@
+"""`kog bench` on the CPU machine: the report's fields, labels, errors and plot."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.backends import cuda_available
+from tests.test_cli import assert_one_line_error, kog
+
+QUICK_FIELDS = {"decode_tok_s", "ttft_s", "prefill_tok_s", "latency_p50_ms", "latency_p99_ms"}
+
+
+def bench_json(tmp_path, *args) -> dict:
+    out = tmp_path / "bench.json"
+    result = kog("bench", *args, "--json", str(out), env={"COLUMNS": "200"})
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text()) | {"stdout": result.stdout, "stderr": result.stderr}
+
+
+@pytest.mark.skipif(cuda_available(), reason="checks the CPU-only path")
+def test_quick_on_the_cpu_reports_every_field(tmp_path, default_gguf):
+    report = bench_json(tmp_path, "--quick", "--tokens", "16")
+    assert "no GPU found" in report["stderr"]
+    machine = report["machine"]
+    assert machine["device"].startswith("CPU") and machine["driver"] and machine["versions"]["numpy"]
+    assert report["bandwidth_gb_s"] > 0
+    (run,) = report["runs"]
+    assert run["backend"] == "kog-cpu" and run["model"] == "smollm2-135m-instruct"
+    assert run["weights"] == "real" and run["synthetic"] is False
+    assert len(run["samples"]) == 3 and all(QUICK_FIELDS <= set(s) for s in run["samples"])
+    assert all(s["decode_tok_s"] > 0 for s in run["samples"])
+    assert run["bytes_per_token"] > 500e6 and run["mbu"] > 0 and len(run["tokens"]) == 16
+    for label in ("decode", "TTFT", "bytes per token", "MBU", "50,000 generated tokens take"):
+        assert label in report["stdout"]
+    assert "synthetic" not in report["stdout"]
+
+
+def test_synthetic_weights_are_labelled_as_such(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))  # nothing pulled here but the default
+    report = bench_json(tmp_path, "--quick", "--model", "smollm2-360m-instruct", "--device", "cpu",
+                        "--tokens", "3", "--runs", "1")
+    (run,) = report["runs"]
+    assert run["synthetic"] is True and run["weights"] == "synthetic weights at the real shapes"
+    assert "synthetic weights at the real shapes" in report["stdout"]
+
+
+def test_full_run_with_the_transformers_peer_and_a_plot(tmp_path, default_gguf):
+    plot = tmp_path / "bench.png"
+    report = bench_json(tmp_path, "--device", "cpu", "--context", "16", "--tokens", "10", "--runs", "1", "--plot", str(plot))
+    backends = [r["backend"] for r in report["runs"]]
+    assert backends == ["kog-cpu", "transformers-eager"]
+    assert all(r["excluded"] is None for r in report["runs"])  # the correctness gate passed
+    assert "vs best peer" in report["stdout"]
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_has_a_series_per_backend_and_the_limit():
+    from engine.benchmark import BackendRun, Sample
+    from kogcli.bench import build_figure
+
+    def run(backend, rate):
+        return BackendRun(backend=backend, model="m", synthetic=False, context=32, generate=8, bytes_per_token=10**9,
+                          samples=[Sample(rate, 0.1, 100.0, 1.0, 2.0)])
+
+    fig = build_figure([run("kog-cuda", 3000.0), run("transformers-graph", 400.0)], bandwidth=4000.0)
+    rate_axis, mbu_axis = fig.axes
+    labels = [t.get_text() for t in rate_axis.get_legend().get_texts()]
+    assert sorted(labels) == ["bandwidth limit", "kog-cuda", "transformers-graph"]
+    heights = [bar.get_height() for container in rate_axis.containers for bar in container]
+    assert heights == [3000.0, 400.0]
+    assert [bar.get_height() for c in mbu_axis.containers for bar in c] == pytest.approx([75.0, 10.0])
+
+
+def test_unknown_model():
+    assert_one_line_error(kog("bench", "--quick", "--model", "llama-9b"), "unknown model 'llama-9b'")
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has a GPU")
+def test_gpu_requested_without_a_gpu():
+    assert_one_line_error(kog("bench", "--quick", "--device", "cuda"), "needs an NVIDIA GPU")
