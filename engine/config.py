@@ -76,6 +76,10 @@ class ModelConfig:
             )
         if arch == "qwen2" and cfg.get("use_sliding_window"):
             raise KogError("Qwen2 sliding-window attention is not supported")
+        context = cfg.get("max_position_embeddings", 2048)
+        if cfg.get("sliding_window") and arch == "llama":
+            # Mistral-style: within one window, windowed attention is full attention
+            context = min(context, cfg["sliding_window"])
         heads = cfg["num_attention_heads"]
         eos = cfg.get("eos_token_id")
         # older configs: rope_theta + rope_scaling; newer ones fold both into rope_parameters
@@ -94,7 +98,7 @@ class ModelConfig:
             head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
-            max_context=cfg.get("max_position_embeddings", 2048),
+            max_context=context,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
             bos_token_id=cfg.get("bos_token_id"),

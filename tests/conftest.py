@@ -24,13 +24,17 @@ TINY_ARCHS = {
     ),
     "qwen2": dict(tie_word_embeddings=True),
     "qwen3": dict(tie_word_embeddings=True, head_dim=32),
+    "mistral": dict(tie_word_embeddings=False, sliding_window=512),
 }
 
 
 def hf_config(arch: str, **overrides):
     import transformers
 
-    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[arch]
+    cls = {
+        "llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config,
+        "mistral": transformers.MistralConfig,
+    }[arch]
     kw = dict(
         vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, max_position_embeddings=1024, rope_theta=10000.0,

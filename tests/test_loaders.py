@@ -133,3 +133,8 @@ def test_unpermute_inverts_the_gguf_converter_permutation():
 def test_config_round_trips_through_hf_format(tiny_dir):
     config = ModelConfig.from_file(tiny_dir / "config.json")
     assert ModelConfig.from_hf(config.to_hf()) == config
+
+
+def test_a_mistral_window_caps_the_context(tmp_path, seed):
+    make_tiny_model(tmp_path, "mistral", seed)
+    assert load_model(tmp_path).config.max_context == 512
