@@ -117,9 +117,13 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str) -> Path:
 
 class CudaBackend(Backend):
     name = "cuda"
+    weight_bytes = 2  # bf16
+    kv_bytes = 4  # fp32 cache: exact agreement with the reference first; bf16 is a later option
 
-    def __init__(self, model, max_context: int):
+    def __init__(self, model, max_context: int, *, defines: dict[str, str] | None = None):
+        """`defines`: extra kernel macros, for timing experiments (bench/decode_breakdown.py) only."""
         super().__init__(model.config, max_context)
+        self._extra_defines = dict(defines or {})
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -173,7 +177,7 @@ class CudaBackend(Backend):
             "KOG_SCALE": f32(1.0 / np.sqrt(c.head_dim)),
             "KOG_NBLK": str(self.nblk),
             "KOG_TIED": str(int(self.tied)),
-        }
+        } | self._extra_defines
 
     def _load_modules(self) -> None:
         cp = self.cp
@@ -350,7 +354,7 @@ class CudaBackend(Backend):
             rows_per_chunk = max(1, min(n, (256 << 20) // (4 * nh * end)))
             for i in range(c.num_layers):
                 base, s = i * lay.lstride, i * lay.sstride
-                ws = lambda off, k: self.ws[s + off : s + off + k]  # noqa: E731
+                ws = lambda off, k, s=s: self.ws[s + off : s + off + k]  # noqa: E731
                 h = self._rms(x, ws(lay.s_attn_norm, H))
                 qkv = h @ self._f32(base + lay.off_qkv, lay.nqkv, H).T
                 if c.qkv_bias:

@@ -1,0 +1,136 @@
+// kog portability layer: everything vendor-specific the kernels use lives here, so a HIP
+// build later needs this header's other half, not a second copy of the kernels.
+//
+// What the kernels rely on:
+//   - wave (warp) size KOG_WAVE and full-wave masks; shuffles and votes over a wave
+//   - memory-model primitives: relaxed/acquire loads, release stores, gpu- and system-scope
+//     fences (the flags between blocks and the token stream to host-mapped memory)
+//   - a nanosecond clock for watchdogs and token timestamps
+//   - streaming 16-byte loads for weights (read once per token: do not pollute L1)
+//   - L2-only ("cache global") loads for data other blocks wrote during this launch: L1 is
+//     not coherent across multiprocessors, so a plain load could hit a stale line
+// No standard headers: NVRTC compiles this without a host toolchain.
+#pragma once
+
+#if defined(__HIPCC__) || defined(__HIP_PLATFORM_AMD__)
+#error "kog: the HIP half of portability.cuh is not written yet (wave 64, __hip_atomic_*, s_memrealtime)"
+#else
+
+#define KOG_WAVE 32
+#define KOG_FULL_MASK 0xffffffffu
+#define KOG_INF __int_as_float(0x7f800000)
+
+typedef unsigned long long kog_u64;
+
+// ---- waves -------------------------------------------------------------------------------
+__device__ __forceinline__ float kog_wave_sum(float v) {
+#pragma unroll
+    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v += __shfl_xor_sync(KOG_FULL_MASK, v, m);
+    return v;
+}
+__device__ __forceinline__ float kog_wave_max(float v) {
+#pragma unroll
+    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(KOG_FULL_MASK, v, m));
+    return v;
+}
+__device__ __forceinline__ unsigned kog_wave_max_u32(unsigned v) {
+#pragma unroll
+    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(KOG_FULL_MASK, v, m));
+    return v;
+}
+template <typename T>
+__device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FULL_MASK, v, src); }
+template <typename T>
+__device__ __forceinline__ T kog_shfl_up(T v, int d) { return __shfl_up_sync(KOG_FULL_MASK, v, d); }
+__device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FULL_MASK, p); }
+__device__ __forceinline__ void kog_wave_sync() { __syncwarp(); }
+
+// ---- memory model ------------------------------------------------------------------------
+__device__ __forceinline__ unsigned kog_ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ int kog_ld_relaxed_s32(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void kog_st_release_u32(unsigned* p, unsigned v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+// host-mapped memory (pinned, reached over the bus): system scope
+__device__ __forceinline__ int kog_ld_sys_s32(const int* p) {
+    int v;
+    asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ void kog_st_release_sys_s32(int* p, int v) {
+    asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ void kog_fence_gpu() { __threadfence(); }
+// acquire/release ordering at gpu scope: enough for flag/message passing (no total order needed)
+__device__ __forceinline__ void kog_fence_acqrel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+__device__ __forceinline__ void kog_fence_system() { __threadfence_system(); }
+
+__device__ __forceinline__ kog_u64 kog_clock_ns() {
+    kog_u64 t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+__device__ __forceinline__ void kog_pause() { __nanosleep(20); }
+
+// ---- loads -------------------------------------------------------------------------------
+// Weights: read-only for the whole launch, streamed once per token.
+__device__ __forceinline__ uint4 kog_ld_stream_u4(const uint4* p) {
+    uint4 v;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+    return v;
+}
+// Data written by other blocks of this launch: bypass L1.
+__device__ __forceinline__ float kog_ldcg(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned kog_ldcg_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ int kog_ldcg_s32(const int* p) {
+    int v;
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ kog_u64 kog_ldcg_u64(const kog_u64* p) {
+    kog_u64 v;
+    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ uint4 kog_ldcg_u4(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
+
+// 16-byte asynchronous global -> shared copies (L2 only), completed by kog_cp_async_wait.
+__device__ __forceinline__ void kog_cp_async16(void* smem_dst, const void* gmem_src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void kog_cp_async_wait() {
+    asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
+}
+
+// ---- numbers -----------------------------------------------------------------------------
+__device__ __forceinline__ float kog_bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float kog_bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
+__device__ __forceinline__ float kog_bf16(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+
+#endif
