@@ -7,10 +7,10 @@
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 KOG_HOME=/tmp/kog OUT=${OUT:-/tmp/out}
+export PYTHONUNBUFFERED=1 KOG_HOME=/tmp/kog OUT=${OUT:-/tmp/out} COLUMNS=200
 mkdir -p "$OUT" /tmp/parts
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
-kog() { python3 -m kogcli "$@"; }
+KOG="python3 -m kogcli"
 case "$1" in
 1)
   cp .models/a/* /tmp/parts/
@@ -23,12 +23,12 @@ case "$1" in
   mkdir -p "$model" && cat /tmp/parts/gguf.part-* > "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
   sha256sum "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
   timeout 120 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k real_default -rfEs -s 2>&1 | tee "$OUT/real.log"
-  timeout 60 kog generate "Write a Python function that reverses a list." --device cuda --max-tokens 96
-  timeout 60 kog bench --quick --device cuda --json "$OUT/quick.json" 2>&1 | tee "$OUT/quick.log"
-  timeout 330 kog bench --device cuda --context 32 --tokens 256 --runs 5 --model llama-3.2-1b-instruct \
+  timeout 60 $KOG generate "Write a Python function that reverses a list." --device cuda --max-tokens 96
+  timeout 60 $KOG bench --quick --device cuda --json "$OUT/quick.json" 2>&1 | tee "$OUT/quick.log"
+  timeout 330 $KOG bench --device cuda --context 32 --tokens 256 --runs 5 --model llama-3.2-1b-instruct \
     --model qwen2.5-coder-1.5b-instruct --model smollm2-135m-instruct --json "$OUT/bench.json" --plot "$OUT/bench.png" \
     2>&1 | tee "$OUT/bench.log"
-  timeout 120 kog bench --device cuda --context 4096 --tokens 64 --runs 3 --no-peers --model llama-3.2-1b-instruct \
+  timeout 120 $KOG bench --device cuda --context 4096 --tokens 64 --runs 3 --no-peers --model llama-3.2-1b-instruct \
     2>&1 | tee "$OUT/ttft.log"
   ;;
 esac

@@ -125,7 +125,7 @@ def _transformers_model(model: LoadedModel, device: str):
     config._attn_implementation = "sdpa"
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    state = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in model.weights.items() if k != "rope_freqs.weight"}
+    state = {k: torch.tensor(v) for k, v in model.weights.items() if k != "rope_freqs.weight"}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:
         raise RuntimeError(f"weights do not fit the transformers model: {missing or unexpected}")

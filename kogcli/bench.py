@@ -250,6 +250,7 @@ def build_figure(results, bandwidth: float):
         axis.set_xticks([g + 0.4 - width / 2 for g in range(len(groups))], labels, fontsize=8)
         axis.set_ylabel(title)
         axis.legend(fontsize=8)
+    rate_axis.set_yscale("log")  # a small model's limit is ten times a large one's
     mbu_axis.axhline(100, color="black", linestyle="dashed")
     fig.tight_layout()
     return fig

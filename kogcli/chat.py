@@ -16,9 +16,14 @@ def register(app: typer.Typer) -> None:
 
 @user_errors
 def chat_command(
-    chat_id: Optional[int] = typer.Argument(None, metavar="ID", help="With --resume: the saved chat to open (default: the latest)."),
+    chat_id: Optional[int] = typer.Argument(
+        None, metavar="ID", help="With --resume: the saved chat to open (default: the latest)."
+    ),
     resume: bool = typer.Option(False, "--resume", "-r", help="Reopen a saved chat: the latest, or ID."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, hf:ORG/REPO or path; default: the registry's default (or the resumed chat's)."),
+    model: Optional[str] = typer.Option(
+        None, "--model", "-m",
+        help="Model name, hf:ORG/REPO or path; default: the registry's default (or the resumed chat's).",
+    ),
     device: str = typer.Option("auto", "--device", "-d", help="auto, cpu or cuda."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),

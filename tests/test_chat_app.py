@@ -1,0 +1,341 @@
+"""`kog chat` through Textual's Pilot: the real default model on the CPU backend, and a synthetic
+token stream (a test double, see chat_helpers) where the UI itself is under test."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from chat_helpers import (
+    SyntheticTokenSource,
+    chat_app,
+    errors,
+    last_reply,
+    loaded,
+    reply_ids,
+    run,
+    send,
+    shown_messages,
+    synthetic_opener,
+    wait_for,
+    wait_ready,
+    wait_reply,
+)
+
+from tui.screens.chats import ChatList
+from tui.screens.code import CodeView
+from tui.store import ChatStore
+from tui.widgets.prompt import PromptInput
+
+# Markdown with prose, a list and a code block, so the streamed view re-parses every kind of block.
+STREAM_TEXT = """## Reversing a list
+
+Python offers *three* common ways, each with its own trade-offs:
+
+1. `reversed(xs)` gives an iterator and copies nothing.
+2. `xs[::-1]` builds a new list.
+3. `xs.reverse()` works in place.
+
+```python
+def reverse(xs: list[int]) -> list[int]:
+    out = []
+    for x in xs:
+        out.insert(0, x)  # quadratic, but plain
+    return out
+```
+
+"""
+
+
+def test_ui_keeps_up_with_a_5000_tok_s_stream(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    rate = 5000.0
+    text = STREAM_TEXT * 70
+    ids = reply_ids(model, text)
+    assert len(ids) >= 8000  # about two seconds of stream
+    sources = []
+
+    def source(model):
+        sources.append(SyntheticTokenSource(model, ids, rate))
+        return sources[-1]
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", synthetic_opener(model, source), max_tokens=len(ids))
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_ready(pilot, app)
+            # Posted rather than typed: Pilot's key presses wait for the app to go idle.
+            app.prompt.post_message(PromptInput.Submitted("Show me how to reverse a list."))
+            await wait_for(pilot, lambda: app.generation, 10, "the reply to start")
+            shown_lengths = set()
+            while app.generation is not None:  # the view grows while the stream runs
+                shown_lengths.add(len(last_reply(app).text))
+                await asyncio.sleep(0.02)  # not pilot.pause(), which forces extra screen updates
+            await wait_for(pilot, lambda: app.status.info.state == "ready", 10, "the reply to be finished")
+            await pilot.pause(0)  # and painted
+            lag = time.perf_counter() - sources[0].finished_at
+            stats = app._last_stats
+            return shown_lengths, lag, stats, app.status.info, str(app.status.render()), app.messages, last_reply(app)
+
+    shown_lengths, lag, stats, info, status_line, messages, reply = run(scenario())
+    assert stats.generated_tokens == len(ids) and stats.stop_reason == "stop"
+    assert messages[-1] == {"role": "assistant", "content": text}  # complete and exact
+    assert reply.text == text and reply.finished
+    assert len(shown_lengths) >= 3, "the reply was not shown while it streamed"
+    assert lag < 2.0, f"the UI finished {lag:.2f} s after the stream"
+    assert abs(stats.decode_tok_s - rate) / rate < 0.05, f"the stream was held back to {stats.decode_tok_s:.0f} tok/s"
+    assert abs(info.decode_tok_s - rate) / rate < 0.05
+    assert f"decode {info.decode_tok_s:,.0f} tok/s" in status_line
+
+
+def test_view_follows_the_stream_only_from_the_bottom(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    ids = reply_ids(model, STREAM_TEXT * 20)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, ids, 400.0))
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener, max_tokens=len(ids))
+        async with app.run_test(size=(100, 24)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "go")
+            view = app.conversation
+            await wait_for(pilot, lambda: view.max_scroll_y > 10, 30, "the reply to overflow the view")
+            assert view.scroll_y >= view.max_scroll_y - 1  # following the stream
+            view.scroll_home(animate=False)  # the user scrolls up to read
+            grown = view.max_scroll_y
+            await wait_for(pilot, lambda: view.max_scroll_y > grown + 10, 30, "more text")
+            assert view.scroll_y == 0, "new text pulled the view away from where the user was reading"
+            view.scroll_end(animate=False)  # back at the bottom: following again
+            grown = view.max_scroll_y
+            await wait_for(pilot, lambda: view.max_scroll_y > grown + 10, 30, "more text")
+            assert view.scroll_y >= view.max_scroll_y - 1
+            await pilot.press("escape")
+            await wait_reply(pilot, app)
+
+    run(scenario())
+
+
+def test_reply_streams_with_live_rate_reuses_the_cache_and_resumes(default_gguf, tmp_path):
+    db = tmp_path / "chats.db"
+
+    async def first_run():
+        app = chat_app(db, device="cpu", max_tokens=8)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "Name a primary color.")
+            # the reply appears while it is still being generated
+            await wait_for(pilot, lambda: app.generation is not None and last_reply(app).text, 120, "streamed text")
+            await wait_reply(pilot, app)
+            first = app._last_stats
+            assert first.generated_tokens > 0 and app.messages[-1]["content"]
+            assert app.status.info.decode_tok_s > 0 and "tok/s" in str(app.status.render())
+
+            await send(pilot, app, "And another one?")
+            await wait_reply(pilot, app)
+            second = app._last_stats
+            # the first turn's tokens were not prefilled again
+            assert second.reused_tokens >= first.prompt_tokens
+            assert app.status.info.reused_tokens == second.reused_tokens
+            assert f"({second.reused_tokens:,} reused)" in str(app.status.render())
+            shown = shown_messages(app)
+            await pilot.press("ctrl+q")
+        return app.chat_id, shown
+
+    chat_id, shown = run(first_run())
+    assert [role for role, _ in shown] == ["user", "assistant", "user", "assistant"]
+
+    async def resumed():
+        app = chat_app(db, device="cpu", resume=chat_id)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            return shown_messages(app), app.messages
+
+    shown_again, messages = run(resumed())
+    assert shown_again == shown
+    assert [(m["role"], m["content"]) for m in messages] == shown
+
+
+def test_escape_stops_at_once_and_keeps_the_partial_reply(default_gguf, tmp_path):
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu", max_tokens=200)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "Write a long story about a dragon who learns to code.")
+            await wait_for(pilot, lambda: app.generation and app.generation.stats.generated_tokens >= 3, 120, "tokens")
+            generation = app.generation
+            at_escape = generation.stats.generated_tokens
+            await pilot.press("escape")
+            await wait_reply(pilot, app, timeout=30)
+            stopped = generation.stats
+            assert stopped.stop_reason == "cancelled"
+            assert stopped.generated_tokens <= at_escape + 2
+            partial = app.messages[-1]["content"]
+            assert partial and partial == generation.text == last_reply(app).text
+            assert "stopped" in str(last_reply(app).query_one("Label").render())
+            assert app.store.messages(app.chat_id)[-1].content == partial
+
+            await send(pilot, app, "Thanks.")
+            await wait_for(pilot, lambda: app.generation and app.generation.stats.generated_tokens, 60, "a token")
+            # the history, partial reply included, came from the cache
+            assert app.generation.stats.reused_tokens >= stopped.prompt_tokens + stopped.generated_tokens - 2
+            await pilot.press("ctrl+c")  # stops a reply too
+            await wait_reply(pilot, app, timeout=30)
+            assert app._last_stats.stop_reason == "cancelled"
+
+    run(scenario())
+
+
+def test_a_prompt_longer_than_the_context_is_refused_and_kept(default_gguf, tmp_path):
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu", context=64)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            long_prompt = "word " * 200
+            await send(pilot, app, long_prompt)
+            await wait_for(pilot, lambda: errors(app), 10, "an error line")
+            assert "context holds 64" in errors(app)[0]
+            assert app.prompt.text == long_prompt  # nothing the user typed is lost
+            assert app.generation is None and app.messages == []
+            await send(pilot, app, "/help")  # still running, still answering
+            await wait_for(pilot, lambda: "/export PATH" in app.conversation.query("NoticeView").last().text, 10)
+
+    run(scenario())
+
+
+def test_unknown_model_is_an_error_line_and_the_current_model_stays(default_gguf, tmp_path):
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            session = app.session
+            await send(pilot, app, "/model smollm2-135m-instruc")
+            await wait_for(pilot, lambda: errors(app), 20, "an error line")
+            assert "unknown model 'smollm2-135m-instruc'" in errors(app)[0]
+            assert "did you mean smollm2-135m-instruct" in errors(app)[0]
+            assert app.session is session and app.loading is None
+
+    run(scenario())
+
+
+def test_slash_commands_end_to_end(default_gguf, tmp_path, monkeypatch):
+    model = loaded(default_gguf)
+    reply = "Here:\n\n```python\nprint('hi')\n```\n"
+    ids = reply_ids(model, reply)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, ids, 2000.0))
+    monkeypatch.setenv("PATH", str(tmp_path))  # no clipboard tool to be found
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener, system="Be brief.")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "/temp 0.7")
+            assert app.params.temperature == 0.7
+            await send(pilot, app, "Print hi in Python.")
+            await wait_reply(pilot, app)
+            first_chat = app.chat_id
+            assert app.store.get(first_chat).system == "Be brief."
+
+            await send(pilot, app, "/copy")  # no clipboard here: the code is shown to select
+            await wait_for(pilot, lambda: isinstance(app.screen, CodeView), 10, "the code view")
+            assert app.screen.code == "print('hi')\n" and app.clipboard == "print('hi')\n"
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: len(app.screen_stack) == 1, 10, "the code view to close")
+
+            await send(pilot, app, f"/export {tmp_path / 'chat.md'}")
+            await wait_for(pilot, lambda: (tmp_path / "chat.md").exists(), 10, "the export")
+            exported = (tmp_path / "chat.md").read_text()
+            assert "## System\n\nBe brief." in exported and "Print hi in Python." in exported and reply in exported
+            await send(pilot, app, f"/export {tmp_path / 'chat.md'}")  # never over the user's file
+            await wait_for(pilot, lambda: errors(app), 10, "an error line")
+            assert "already exists" in errors(app)[-1]
+
+            await send(pilot, app, "/new")
+            await wait_for(pilot, lambda: not shown_messages(app), 10, "an empty chat")
+            await send(pilot, app, "/system Answer in French.")
+            await send(pilot, app, "Again.")
+            await wait_reply(pilot, app)
+            second_chat = app.chat_id
+            assert second_chat != first_chat and app.store.get(second_chat).system == "Answer in French."
+
+            await send(pilot, app, "/chats")  # open the first chat from the list
+            await wait_for(pilot, lambda: isinstance(app.screen, ChatList), 10, "the chat list")
+            assert [c.id for c in app.screen.chats] == [second_chat, first_chat]
+            await pilot.press("down", "enter")
+            await wait_for(pilot, lambda: app.chat_id == first_chat, 10, "the first chat")
+            assert shown_messages(app)[0] == ("user", "Print hi in Python.") and app.system == "Be brief."
+
+            await send(pilot, app, "/clear")
+            await wait_for(pilot, lambda: not shown_messages(app), 10, "the chat to clear")
+            assert app.messages == [] and app.store.messages(first_chat) == []
+
+    run(scenario())
+
+
+def test_a_corrupt_history_is_reported_in_the_app(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    db = tmp_path / "chats.db"
+    db.write_bytes(b"not a database, but the user's history all the same" * 100)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, [], 1.0))
+
+    async def scenario():
+        app = chat_app(db, opener)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            return errors(app)
+
+    shown = run(scenario())
+    backups = list(tmp_path.glob("chats.db.corrupt-*"))
+    expected = (f"the chat history {db} could not be read (file is not a database); "
+                f"it was kept as {backups[0]} and a new one started")
+    assert len(backups) == 1 and shown == [expected]
+
+
+def test_an_engine_failure_is_a_message_and_the_app_keeps_going(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    class FailingSource(SyntheticTokenSource):
+        def decode(self, *args):
+            yield from super().decode(*args)
+            raise RuntimeError("device lost")
+
+    ids = reply_ids(model, "partial answer")[:-1]
+    opener = synthetic_opener(model, lambda m: FailingSource(m, ids, 1000.0))
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "hi")
+            await wait_reply(pilot, app)
+            assert errors(app) == ["the engine failed: RuntimeError: device lost"]
+            assert app.messages[-1] == {"role": "assistant", "content": "partial answer"}
+            await send(pilot, app, "again")  # the next turn works
+            await wait_reply(pilot, app)
+            assert len(errors(app)) == 2 and len(app.messages) == 4
+
+    run(scenario())
+
+
+def test_quitting_mid_reply_keeps_the_partial_reply(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    ids = reply_ids(model, STREAM_TEXT * 20)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, ids, 200.0))
+    db = tmp_path / "chats.db"
+
+    async def scenario():
+        app = chat_app(db, opener, max_tokens=len(ids))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await pilot.press("escape", "ctrl+c")  # with no reply to stop, these do nothing
+            assert app.is_running and len(app.screen_stack) == 1
+            await pilot.press("a", "ctrl+j", "b")  # a new line, not a send
+            assert app.prompt.text == "a\nb" and not app.messages
+            await send(pilot, app, "go")
+            await wait_for(pilot, lambda: app.generation and app.generation.stats.generated_tokens > 20, 30, "tokens")
+            await pilot.press("ctrl+q")
+        return app.chat_id
+
+    chat_id = run(scenario())
+    saved = ChatStore(db).messages(chat_id)
+    assert [m.role for m in saved] == ["user", "assistant"]
+    assert saved[1].stats["stop_reason"] == "cancelled" and STREAM_TEXT.startswith(saved[1].content[:20])

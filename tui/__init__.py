@@ -1,0 +1,1 @@
+"""`kog chat`: a Textual chat on top of the engine's `Session`, with its chats kept in SQLite."""

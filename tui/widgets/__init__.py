@@ -1,0 +1,1 @@
+"""The chat's widgets: the conversation, the message box and the status bar."""
