@@ -114,6 +114,7 @@ class Generation:
         stats.stop_reason = "cancelled"
         try:
             start = time.perf_counter()
+            backend.reset_cancel()
             stats.reused_tokens = session._prepare_cache(self._prompt_ids)
             backend.prefill(self._prompt_ids[stats.reused_tokens :])
             stats.prefill_s = time.perf_counter() - start

@@ -74,7 +74,6 @@ class SyntheticTokenSource(Backend):
         return np.zeros(self.config.vocab_size, dtype=np.float32)
 
     def decode(self, params, history, max_tokens, stop_ids):
-        self._cancel.clear()
         start = time.perf_counter()
         for i, token in enumerate(self.ids[:max_tokens]):
             if self._cancel.is_set():

@@ -98,6 +98,7 @@ def _cpu(m) -> CpuBackend:
 
 
 def _fresh(gpu: CudaBackend, prompt: list[int]) -> np.ndarray:
+    gpu.reset_cancel()
     gpu.truncate(0)
     gpu.poison()
     logits = gpu.prefill(prompt)

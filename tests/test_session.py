@@ -127,3 +127,21 @@ def test_same_seed_same_sampled_reply(tiny):
     first = run(open_session(tiny, device="cpu", context=256).complete([5, 6, 7], params, max_tokens=30))
     second = run(open_session(tiny, device="cpu", context=256).complete([5, 6, 7], params, max_tokens=30))
     assert first == second
+
+
+def test_a_cancel_during_prefill_stops_the_generation(tiny):
+    session = open_session(tiny, device="cpu", context=512)
+    generation = session.complete(list(range(200)), max_tokens=50, stop_at_eos=False)
+    events = iter(generation)
+    real_prefill = session.backend.prefill
+
+    def prefill_then_cancel(tokens):
+        logits = real_prefill(tokens)
+        generation.cancel()  # as if the user pressed Esc while the prompt was being read
+        return logits
+
+    session.backend.prefill = prefill_then_cancel
+    assert list(events) == []
+    assert generation.stats.stop_reason == "cancelled"
+    session.backend.prefill = real_prefill
+    assert len(list(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4

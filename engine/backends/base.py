@@ -59,8 +59,13 @@ class Backend(ABC):
         self.cached_tokens = min(self.cached_tokens, length)
 
     def cancel(self) -> None:
-        """Stop a running decode within one token; safe to call from any thread."""
+        """Stop the current generation within one token; safe to call from any thread. A cancel
+        that arrives during prefill makes the following decode yield nothing."""
         self._cancel.set()
+
+    def reset_cancel(self) -> None:
+        """Forget an earlier cancel: called as a generation starts, before its prefill."""
+        self._cancel.clear()
 
     def close(self) -> None:
         """Release device memory."""

@@ -79,7 +79,6 @@ class CpuBackend(Backend):
     def decode(
         self, params: SamplingParams, history: list[int], max_tokens: int, stop_ids: set[int]
     ) -> Iterator[int]:
-        self._cancel.clear()
         context = np.array(history, dtype=np.int64)
         for step in range(max_tokens):
             if self._cancel.is_set():

@@ -453,8 +453,7 @@ class CudaBackend(Backend):
     ) -> Iterator[int]:
         """See Backend.decode. `debug_hang`/`watchdog_s` exist for the watchdog test only."""
         cp, c = self.cp, self.config
-        self._cancel.clear()
-        if max_tokens < 1:
+        if max_tokens < 1 or self._cancel.is_set():
             return
         if not self.logits_valid:
             raise KogError("nothing to decode from: prefill at least one token first")
