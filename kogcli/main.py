@@ -135,3 +135,6 @@ bench.register(app)
 
 from kogcli import chat  # noqa: E402
 chat.register(app)
+
+from kogcli import agent  # noqa: E402
+agent.register(app)

@@ -1,0 +1,313 @@
+"""Save the repository before the agent's first write; put it back byte for byte on undo.
+
+What a checkpoint covers: in a git repository (at its top level) every file git does not
+ignore — tracked or not — saved as a commit on a `kog/<run id>` branch, made from a
+scratch index so the user's index, HEAD and stash are never touched; blobs are written
+without git's filters (eol, clean/smudge), so what comes back is the bytes that were there.
+Anywhere else, every file outside `.kog/`, copied under `.kog/checkpoints/<run id>/`.
+A record beside it lists each file's mode and blob id; `undo` rewrites the files whose
+bytes or mode differ and deletes the files the run added. The agent may not write a file
+git ignores, since no checkpoint would hold it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from agent.errors import ToolError
+from agent.workspace import write_atomic
+from engine.errors import KogError
+
+KOG_DIR = ".kog"
+CHECKPOINTS = f"{KOG_DIR}/checkpoints"
+LINK = 0o120000
+IDENTITY = {"GIT_AUTHOR_NAME": "kog agent", "GIT_AUTHOR_EMAIL": "kog@localhost",
+            "GIT_COMMITTER_NAME": "kog agent", "GIT_COMMITTER_EMAIL": "kog@localhost"}
+
+
+def kog_dir(root: Path) -> Path:
+    """`.kog/` in the repository, created with a .gitignore that keeps it out of git's view."""
+    folder = root / KOG_DIR
+    try:
+        folder.mkdir(exist_ok=True)
+        ignore = folder / ".gitignore"
+        if not ignore.exists():
+            ignore.write_text("*\n")
+    except OSError as e:
+        raise KogError(f"cannot write {folder}: {e.strerror}") from None
+    return folder
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid() % 10000:04d}"
+
+
+# --- the two places a checkpoint can live ----------------------------------------------------
+
+def _git(root: Path, *args: str, stdin: bytes | None = None, env: dict | None = None) -> bytes:
+    result = subprocess.run(["git", *args], cwd=root, input=stdin, capture_output=True, check=False, env=os.environ | (env or {}))
+    if result.returncode != 0:
+        message = " ".join(result.stderr.decode(errors="replace").split()) or f"exit {result.returncode}"
+        raise KogError(f"git {args[0]} failed in {root}: {message}")
+    return result.stdout
+
+
+class GitStore:
+    kind = "git"
+
+    def __init__(self, root: Path):
+        self.root = root
+        fmt = subprocess.run(["git", "rev-parse", "--show-object-format"], cwd=root, capture_output=True, check=False, text=True)
+        self.algorithm = fmt.stdout.strip() if fmt.returncode == 0 and fmt.stdout.strip() else "sha1"
+
+    def current(self) -> list[str]:
+        names = _git(self.root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").decode(errors="surrogateescape")
+        return [n for n in dict.fromkeys(names.split("\0")) if n and _is_file_or_link(self.root / n)]
+
+    def covers(self, path: str) -> bool:
+        ignored = subprocess.run(["git", "check-ignore", "-q", "--", path], cwd=self.root, check=False)
+        return ignored.returncode != 0
+
+    def save(self, run_id: str, files: dict[str, list]) -> dict:
+        regular = [p for p, (mode, _) in files.items() if mode != LINK]
+        # One process hashes all regular files; a name with a newline cannot go through --stdin-paths.
+        batch = [p for p in regular if "\n" not in p]
+        if batch:
+            _git(self.root, "hash-object", "-w", "--no-filters", "--stdin-paths", stdin="\n".join(batch).encode())
+        for p in regular:
+            if "\n" in p:
+                _git(self.root, "hash-object", "-w", "--no-filters", "--", p)
+        for p, (mode, _) in files.items():
+            if mode == LINK:
+                _git(self.root, "hash-object", "-w", "--stdin", stdin=os.readlink(self.root / p).encode())
+        entries = b"".join(f"{_git_mode(mode)} {digest}\t{p}\0".encode() for p, (mode, digest) in files.items())
+        with tempfile.TemporaryDirectory(prefix="kog-index-") as scratch:
+            index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+            _git(self.root, "update-index", "-z", "--index-info", stdin=entries, env=index)
+            tree = _git(self.root, "write-tree", env=index).decode().strip()
+        head = subprocess.run(["git", "rev-parse", "-q", "--verify", "HEAD^{commit}"], cwd=self.root, capture_output=True, check=False, text=True)
+        parent = ["-p", head.stdout.strip()] if head.returncode == 0 else []
+        message = f"kog checkpoint {run_id}: the working tree before the agent's first edit"
+        commit = _git(self.root, "commit-tree", tree, *parent, "-m", message, env=IDENTITY).decode().strip()
+        ref = f"refs/heads/kog/{run_id}"
+        _git(self.root, "update-ref", ref, commit, "")  # "" as old value: refuse to overwrite an existing branch
+        return {"ref": ref, "commit": commit}
+
+    def data(self, record: dict, path: str, digest: str) -> bytes:
+        return _git(self.root, "cat-file", "blob", digest)
+
+
+class CopyStore:
+    kind = "copy"
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.algorithm = "sha1"
+
+    def current(self) -> list[str]:
+        found = []
+        for folder, dirs, names in os.walk(self.root):
+            here = Path(folder)
+            dirs[:] = [d for d in dirs if d != ".git" and not (here == self.root and d == KOG_DIR)]
+            # a symlink to a folder is listed by os.walk among the folders: it is a file to us
+            found += [(here / n).relative_to(self.root).as_posix() for n in names + [d for d in dirs if (here / d).is_symlink()]]
+            dirs[:] = [d for d in dirs if not (here / d).is_symlink()]
+        return found
+
+    def covers(self, path: str) -> bool:
+        return True
+
+    def save(self, run_id: str, files: dict[str, list]) -> dict:
+        folder = f"{CHECKPOINTS}/{run_id}"
+        for p, (mode, _) in files.items():
+            source, copy = self.root / p, self.root / folder / p
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if mode == LINK:
+                os.symlink(os.readlink(source), copy)
+            else:
+                shutil.copyfile(source, copy)
+        return {"folder": folder}
+
+    def data(self, record: dict, path: str, digest: str) -> bytes:
+        copy = self.root / record["folder"] / path
+        return os.readlink(copy).encode() if copy.is_symlink() else copy.read_bytes()
+
+
+def _store(root: Path, kind: str | None = None):
+    if kind is None:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, check=False, text=True) if shutil.which("git") else None
+        kind = "git" if top is not None and top.returncode == 0 and Path(top.stdout.strip()).resolve() == root else "copy"
+    return GitStore(root) if kind == "git" else CopyStore(root)
+
+
+# --- the state of one file -------------------------------------------------------------------
+
+def _is_file_or_link(path: Path) -> bool:
+    return path.is_symlink() or path.is_file()
+
+
+def _git_mode(mode: int) -> str:
+    return "120000" if mode == LINK else ("100755" if mode & 0o111 else "100644")
+
+
+def _read(path: Path) -> tuple[int, bytes] | None:
+    """(mode, bytes) of a file as the checkpoint sees it: a link is its target; None if absent."""
+    try:
+        if path.is_symlink():
+            return LINK, os.readlink(path).encode()
+        return path.stat().st_mode & 0o7777, path.read_bytes()
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+
+
+def _blob_id(data: bytes, algorithm: str) -> str:
+    return hashlib.new(algorithm, b"blob %d\0" % len(data) + data).hexdigest()
+
+
+# --- the checkpoint --------------------------------------------------------------------------
+
+class Checkpoint:
+    """Taken lazily: `before_write` saves the repository the first time anything is about to change."""
+
+    def __init__(self, root: Path, run_id: str):
+        self.root = Path(root).resolve()
+        self.run_id = run_id
+        self.store = _store(self.root)
+        self.record: dict | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.store.kind
+
+    def before_write(self, path: str) -> None:
+        if not self.store.covers(path):
+            raise ToolError(f"{path}: ignored by git, so no checkpoint could restore it; edit tracked files only")
+        self.take()
+
+    def take(self) -> dict:
+        if self.record is None:
+            files = {}
+            for p in self.store.current():
+                mode, data = _read(self.root / p)
+                files[p] = [mode, _blob_id(data, self.store.algorithm)]
+            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
+            record |= self.store.save(self.run_id, files)
+            write_atomic(kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json", json.dumps(record).encode())
+            self.record = record
+        return self.record
+
+    def diff(self) -> str:
+        """The unified diff from the checkpoint to the files now; empty when nothing was written."""
+        if self.record is None:
+            return ""
+        return _diff(self.root, self.store, self.record)
+
+
+def _changes(root: Path, store, record: dict) -> list[tuple[str, bytes | None, tuple[int, bytes] | None, int]]:
+    """(path, saved bytes or None, (mode, bytes) now or None, saved mode) for each file that differs."""
+    saved = record["files"]
+    out = []
+    for path in sorted(set(saved) | set(store.current())):
+        now = _read(root / path)
+        if path in saved:
+            mode, digest = saved[path]
+            if now is not None and now[0] == mode and _blob_id(now[1], store.algorithm) == digest:
+                continue
+            out.append((path, store.data(record, path, digest), now, mode))
+        elif now is not None:
+            out.append((path, None, now, 0))
+    return out
+
+
+def _diff(root: Path, store, record: dict) -> str:
+    parts = []
+    for path, old, now, old_mode in _changes(root, store, record):
+        new = now[1] if now is not None else None
+        if old == new:
+            parts.append(f"mode {path}: {oct(old_mode)} -> {oct(now[0])}\n")
+            continue
+        a, b = (f"a/{path}" if old is not None else "/dev/null"), (f"b/{path}" if new is not None else "/dev/null")
+        if b"\0" in (old or b"") + (new or b""):
+            parts.append(f"Binary files {a} and {b} differ\n")
+            continue
+        old_lines = (old or b"").decode("utf-8", errors="replace").splitlines(keepends=True)
+        new_lines = (new or b"").decode("utf-8", errors="replace").splitlines(keepends=True)
+        for line in difflib.unified_diff(old_lines, new_lines, a, b):
+            parts.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(parts)
+
+
+# --- undo ------------------------------------------------------------------------------------
+
+def _records(root: Path) -> list[Path]:
+    return sorted((root / CHECKPOINTS).glob("*.json"))
+
+
+def undo(root: Path) -> str:
+    """Restore the newest checkpoint not yet undone; return one line saying what changed."""
+    root = Path(root).resolve()
+    if not root.is_dir():
+        raise KogError(f"{root} is not a directory")
+    for path in reversed(_records(root)):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            raise KogError(f"{path} is damaged; restore by hand from the kog/ branch or .kog/checkpoints/") from None
+        if not record.get("undone"):
+            break
+    else:
+        raise KogError(f"nothing to undo in {root}: no kog agent run has changed it")
+    store = _store(root, record["kind"])
+    # Saved files first: a restored .gitignore decides which of the remaining files count as added.
+    changed = [c for c in _changes(root, store, record) if c[1] is not None]
+    for rel, old, _, mode in changed:
+        _restore(root, root / rel, old, mode)
+    added = [rel for rel, old, _, _ in _changes(root, store, record) if old is None]
+    for rel in added:
+        (root / rel).unlink()
+        _prune((root / rel).parent, root)
+    record["undone"] = True
+    write_atomic(path, json.dumps(record).encode())
+    where = record.get("ref", record.get("folder"))
+    return f"restored {len(changed)} file(s), removed {len(added)} added file(s): back to the state before run {record['id']} ({where})"
+
+
+def _restore(root: Path, target: Path, data: bytes, mode: int) -> None:
+    _clear_way(target, root)
+    if target.is_dir() and not target.is_symlink():
+        shutil.rmtree(target)  # a folder where a file was: all of it came after the checkpoint
+    elif target.is_symlink() or (mode == LINK and target.exists()):
+        target.unlink()  # a link is replaced, never written through
+    if mode == LINK:
+        os.symlink(data.decode(), target)
+    else:
+        write_atomic(target, data, mode)
+
+
+def _clear_way(target: Path, root: Path) -> None:
+    """Make target's folders real folders inside the repository again.
+
+    A folder that became a symlink (or a file) after the checkpoint is not part of it: writing
+    through it could land outside the repository, so it goes.
+    """
+    folder = root
+    for part in target.relative_to(root).parts[:-1]:
+        folder = folder / part
+        if folder.is_symlink() or folder.is_file():
+            folder.unlink()
+        folder.mkdir(exist_ok=True)
+
+
+def _prune(folder: Path, root: Path) -> None:
+    """Remove folders the run created and left empty."""
+    while folder != root and folder.is_dir() and not any(folder.iterdir()):
+        folder.rmdir()
+        folder = folder.parent

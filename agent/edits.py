@@ -1,0 +1,96 @@
+"""Search/replace on text: exact first, then tolerant of whitespace, else say what is closest.
+
+A SEARCH text must occur exactly once. When it does not occur verbatim, lines are
+compared with their indentation and trailing spaces ignored; if that finds exactly one
+place, the REPLACE text is re-indented by the difference, since small models often get
+the indentation of a copied block wrong but rarely its words. Anything else is refused
+with the closest lines of the file, so the model can copy them right next time.
+"""
+
+from __future__ import annotations
+
+import difflib
+
+from agent.errors import ToolError
+
+
+def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
+    """All blocks or none: the first that fails raises, and the file is left as it was."""
+    newline = "\r\n" if "\r\n" in text else "\n"
+    for number, (search, replace) in enumerate(blocks, 1):
+        label = f"{path}: SEARCH block {number}" if len(blocks) > 1 else f"{path}: the SEARCH block"
+        text = replace_once(text, search.replace("\n", newline), replace.replace("\n", newline), label)
+    return text
+
+
+def replace_once(text: str, search: str, replace: str, label: str) -> str:
+    if not search.strip():
+        if text.strip():
+            raise ToolError(f"{label} is empty; copy the lines to change from the file")
+        return replace
+    count = text.count(search)
+    if count == 1:
+        return text.replace(search, replace, 1)
+    if count > 1:
+        raise ToolError(f"{label} matches {count} places; add surrounding lines so it matches one")
+    return _replace_loosely(text, search, replace, label)
+
+
+def _key(line: str) -> str:
+    return line.strip()
+
+
+def _replace_loosely(text: str, search: str, replace: str, label: str) -> str:
+    lines = text.splitlines(keepends=True)
+    wanted = [_key(line) for line in search.splitlines() if line.strip()]
+    # Candidate windows: runs of non-blank lines that equal the SEARCH lines once stripped.
+    body = [(i, _key(line)) for i, line in enumerate(lines) if line.strip()]
+    hits = [
+        (body[k][0], body[k + len(wanted) - 1][0])
+        for k in range(len(body) - len(wanted) + 1)
+        if [key for _, key in body[k : k + len(wanted)]] == wanted
+    ]
+    if len(hits) > 1:
+        raise ToolError(f"{label} matches {len(hits)} places when whitespace is ignored; add surrounding lines")
+    if not hits:
+        raise ToolError(f"{label} matches nothing. {closest(lines, search)}")
+    first, last = hits[0]
+    shift = _indent(lines[first]) - _indent(next(line for line in search.splitlines() if line.strip()))
+    new = _reindent(replace, shift)
+    if new and not new.endswith(("\n", "\r\n")) and lines[last].endswith("\n"):
+        new += "\r\n" if lines[last].endswith("\r\n") else "\n"
+    return "".join(lines[:first]) + new + "".join(lines[last + 1 :])
+
+
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip(" \t"))
+
+
+def _reindent(text: str, shift: int) -> str:
+    out = []
+    for line in text.splitlines(keepends=True):
+        if not line.strip():
+            out.append(line)
+        elif shift >= 0:
+            out.append(line[: _indent(line)] + " " * shift + line[_indent(line) :] if shift else line)
+        else:
+            out.append(line[min(-shift, _indent(line)) :])
+    return "".join(out)
+
+
+def closest(lines: list[str], search: str) -> str:
+    """The file's lines most like `search`, numbered, for the error message."""
+    want = search.splitlines()
+    size = max(1, len(want))
+    if not lines:
+        return "The file is empty."
+    best, best_score = 0, -1.0
+    target = "\n".join(line.strip() for line in want)
+    for start in range(max(1, len(lines) - size + 1)):
+        window = "\n".join(line.strip() for line in lines[start : start + size])
+        score = difflib.SequenceMatcher(None, target, window, autojunk=False).ratio()
+        if score > best_score:
+            best, best_score = start, score
+    shown = lines[best : best + size]
+    numbered = "".join(f"{best + 1 + i:>5}| {line.rstrip()}\n" for i, line in enumerate(shown))
+    return f"The closest lines ({best + 1}-{best + len(shown)}) are:\n{numbered}".rstrip()

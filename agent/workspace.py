@@ -1,0 +1,176 @@
+"""The repository as the agent may see and touch it.
+
+Every path the model names comes through `resolve`: relative, no `..`, and — after
+symlinks are followed — still inside the repository. Nothing under `.git` or `.kog` (the
+harness's own checkpoints and logs) is readable or writable. Writes are atomic (a temp
+file in the same folder, then rename) and pass two gates first: test files and test
+configuration need `allow_test_edits`, and the checkpoint must have saved the repository.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path, PurePosixPath
+from typing import TYPE_CHECKING
+
+from agent.errors import ToolError
+
+if TYPE_CHECKING:
+    from agent.checkpoint import Checkpoint
+
+HIDDEN = (".git", ".kog")  # never shown to, read or written by the model
+SKIP_DIRS = {".git", ".kog", "node_modules", "__pycache__", ".venv", "venv", ".tox", "target", "dist", "build"}
+TEST_DIRS = {"test", "tests", "__tests__", "spec", "testdata"}
+TEST_NAMES = (
+    "test_*.py", "*_test.py", "conftest.py", "*_test.go", "*.test.[jt]s", "*.test.[jt]sx", "*.test.mjs",
+    "*.spec.[jt]s", "*.spec.[jt]sx", "pytest.ini", "tox.ini", "jest.config.*", "vitest.config.*", ".mocharc*",
+)
+MAX_READ_BYTES = 1 << 20
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+class Workspace:
+    def __init__(self, root: Path, checkpoint: Checkpoint, allow_test_edits: bool = False, protected: Iterable[str] = ()):
+        self.root = Path(root).resolve()
+        self.checkpoint = checkpoint
+        self.allow_test_edits = allow_test_edits
+        self.protected = set(protected)  # files that define the test command (Makefile, package.json, ...)
+        self.written: set[str] = set()  # every path write_text changed, for telling progress from repetition
+        self._files: list[str] | None = None
+
+    # --- paths -----------------------------------------------------------------------------
+
+    def resolve(self, path: str) -> Path:
+        """The real location of a repository-relative `path`, or a ToolError saying why not."""
+        path = path.strip()
+        if not path:
+            raise ToolError("empty path")
+        pure = PurePosixPath(path)
+        if pure.is_absolute() or path.startswith("~") or "\\" in path:
+            raise ToolError(f"{path}: absolute paths are not allowed; use a path relative to the repository root")
+        if ".." in pure.parts:
+            raise ToolError(f"{path}: '..' is not allowed; paths stay inside the repository")
+        real = (self.root / pure).resolve()
+        if real != self.root and self.root not in real.parents:
+            raise ToolError(f"{path}: resolves outside the repository (through a symlink)")
+        inside = real.relative_to(self.root).parts
+        if any(part in HIDDEN for part in (*pure.parts, *inside)):
+            raise ToolError(f"{path}: .git and .kog are off limits")
+        return real
+
+    def relative(self, real: Path) -> str:
+        return real.relative_to(self.root).as_posix()
+
+    def is_test_file(self, path: str) -> bool:
+        pure = PurePosixPath(path)
+        if path in self.protected or any(part in TEST_DIRS for part in pure.parts[:-1]):
+            return True
+        return any(fnmatch.fnmatch(pure.name, pattern) for pattern in TEST_NAMES)
+
+    # --- reading ---------------------------------------------------------------------------
+
+    def read_text(self, path: str) -> str:
+        real = self.resolve(path)
+        if not real.exists():
+            raise ToolError(f"{path}: no such file")
+        if not real.is_file():
+            raise ToolError(f"{path}: not a file")
+        if real.stat().st_size > MAX_READ_BYTES:
+            raise ToolError(f"{path}: larger than {MAX_READ_BYTES >> 20} MiB; search it instead")
+        data = real.read_bytes()
+        if b"\0" in data[:8192]:
+            raise ToolError(f"{path}: a binary file")
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ToolError(f"{path}: not UTF-8 text") from None
+
+    def files(self) -> list[str]:
+        """Every file in the repository that .gitignore does not exclude, sorted; cached until a write."""
+        if self._files is None:
+            listed = _git_listing(self.root) if shutil.which("git") else None
+            if listed is None:
+                listed = _walk(self.root)
+            self._files = sorted(p for p in listed if not set(PurePosixPath(p).parts) & set(HIDDEN))
+        return self._files
+
+    # --- writing ---------------------------------------------------------------------------
+
+    def write_text(self, path: str, text: str) -> Path:
+        real = self.resolve(path)
+        rel = self.relative(real)
+        if self.is_test_file(rel) and not self.allow_test_edits:
+            raise ToolError(f"{rel}: test files and test configuration are read-only (the user did not pass --allow-test-edits); fix the code under test")
+        if real.is_dir():
+            raise ToolError(f"{rel}: is a directory")
+        self.checkpoint.before_write(rel)
+        write_atomic(real, text.encode("utf-8"))
+        self.written.add(rel)
+        self._files = None
+        return real
+
+    def before_change(self) -> None:
+        """A shell command is about to run and may change any file: save the repository first."""
+        self.checkpoint.take()
+
+    def changed(self) -> None:
+        """Something outside write_text (a shell command) may have changed the tree."""
+        self._files = None
+
+
+def write_atomic(target: Path, data: bytes, mode: int | None = None) -> None:
+    """Replace `target` with `data` all at once: readers see the old file or the new, never half."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".kog-tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _git_listing(root: Path) -> list[str] | None:
+    """git's own view of the non-ignored files; outside a git repository, through a scratch one."""
+    def ls(*git_args: str) -> list[str] | None:
+        result = subprocess.run(
+            ["git", *git_args, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+            cwd=root, capture_output=True, check=False,
+        )
+        if result.returncode != 0:
+            return None
+        names = result.stdout.decode("utf-8", errors="surrogateescape").split("\0")
+        return [n for n in names if n and (root / n).is_file()]
+
+    inside = subprocess.run(["git", "rev-parse", "--is-inside-work-tree"], cwd=root, capture_output=True, check=False)
+    if inside.returncode == 0 and inside.stdout.strip() == b"true":
+        return ls()
+    with tempfile.TemporaryDirectory(prefix="kog-git-") as scratch:
+        if subprocess.run(["git", "init", "-q", "--bare", scratch], capture_output=True, check=False).returncode != 0:
+            return None
+        return ls(f"--git-dir={scratch}", f"--work-tree={root}")
+
+
+def _walk(root: Path) -> list[str]:
+    """Without git: every file outside the usual dependency, cache and build folders."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS]
+        found += [Path(folder, n).relative_to(root).as_posix() for n in names]
+    return found

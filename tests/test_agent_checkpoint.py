@@ -1,0 +1,131 @@
+"""Checkpoints and `undo`: the tree comes back byte for byte, the user's git state untouched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from agent_fixtures.repos import git, make_repo, snapshot
+
+from agent.checkpoint import Checkpoint, undo
+from engine.errors import KogError
+
+
+def mess_up(root):
+    """What a run (with --allow-shell, even) might do to a tree."""
+    (root / "stats.py").write_text("broken = True\n")
+    (root / "tests/test_stats.py").unlink()
+    (root / "pkg/deep").mkdir(parents=True)
+    (root / "pkg/deep/new.py").write_text("x = 1\n")
+    (root / "pytest.ini").chmod(0o755)
+    (root / "data.bin").write_bytes(os.urandom(64) + b"\0")
+    (root / "link").unlink()
+    (root / "link").write_text("no longer a link\n")
+
+
+def prepare(root):
+    (root / "link").symlink_to("stats.py")
+    (root / "crlf.txt").write_bytes(b"one\r\ntwo\r\n")
+    (root / ".gitattributes").write_text("* text=auto\n")  # git would normalise crlf.txt on add
+    (root / "data.bin").write_bytes(b"\0\1\2")
+
+
+def test_git_checkpoint_restores_exactly_and_leaves_git_state_alone(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    prepare(root)
+    (root / "untracked.txt").write_text("not added yet\n")
+    (root / "stats.py").write_text((root / "stats.py").read_text() + "# staged\n")
+    git(root, "add", "stats.py")
+    (root / "stats.py").write_text((root / "stats.py").read_text() + "# and unstaged\n")
+    (root / "__pycache__").mkdir()
+    (root / "__pycache__/cache.pyc").write_bytes(b"ignored")
+    before = snapshot(root)
+    index, head, status = git(root, "diff", "--cached"), git(root, "rev-parse", "HEAD"), git(root, "status", "--porcelain")
+
+    checkpoint = Checkpoint(root, "run1")
+    record = checkpoint.take()
+    assert record["kind"] == "git" and record["ref"] == "refs/heads/kog/run1"
+    assert "kog/run1" in git(root, "branch", "--list", "kog/*")
+    mess_up(root)
+    assert "+broken = True" in checkpoint.diff() and "+x = 1" in checkpoint.diff()
+
+    message = undo(root)
+    assert "before run run1" in message
+    assert snapshot(root) == before
+    assert not (root / "pkg").exists()  # folders the run made are gone too
+    assert git(root, "diff", "--cached") == index and git(root, "rev-parse", "HEAD") == head
+    assert git(root, "status", "--porcelain") == status and git(root, "stash", "list") == ""
+
+
+def test_copy_checkpoint_outside_git_restores_exactly(tmp_path):
+    root = make_repo(tmp_path, "py_mean", use_git=False)
+    prepare(root)
+    (root / "tests/test_stats.py").chmod(0o600)
+    before = snapshot(root)
+    checkpoint = Checkpoint(root, "run1")
+    assert checkpoint.take()["kind"] == "copy"
+    assert (root / ".kog/checkpoints/run1/stats.py").exists()
+    mess_up(root)
+    undo(root)
+    assert snapshot(root) == before
+
+
+def test_undo_removes_files_hidden_by_an_edited_gitignore(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    Checkpoint(root, "run1").take()
+    (root / "new.py").write_text("x = 1\n")
+    (root / ".gitignore").write_text("__pycache__/\nnew.py\n")  # the run hides what it added
+    (root / "stats.py").unlink()
+    (root / "stats.py").mkdir()  # and puts a folder where a file was
+    (root / "stats.py/inner.py").write_text("y = 2\n")
+    assert "restored 2 file(s), removed 1 added file(s)" in undo(root)
+    assert snapshot(root) == before
+
+
+def test_undo_does_not_write_through_a_folder_turned_symlink(tmp_path):
+    root = make_repo(tmp_path, "py_mean", use_git=False)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    before = snapshot(root)
+    Checkpoint(root, "run1").take()
+    os.rename(root / "tests", tmp_path / "moved")
+    (root / "tests").symlink_to(outside)
+    undo(root)
+    assert snapshot(root) == before
+    assert list(outside.iterdir()) == []
+
+
+def test_undo_walks_back_one_run_at_a_time(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    first = snapshot(root)
+    Checkpoint(root, "run1").take()
+    (root / "stats.py").write_text("second = 2\n")
+    second = snapshot(root)
+    Checkpoint(root, "run2").take()
+    (root / "stats.py").write_text("third = 3\n")
+    assert "run2" in undo(root) and snapshot(root) == second
+    assert "run1" in undo(root) and snapshot(root) == first
+    with pytest.raises(KogError, match="nothing to undo"):
+        undo(root)
+
+
+def test_nothing_to_undo(tmp_path):
+    with pytest.raises(KogError, match="nothing to undo"):
+        undo(tmp_path)
+    with pytest.raises(KogError, match="not a directory"):
+        undo(tmp_path / "missing")
+
+
+def test_the_diff_shows_changes_additions_and_deletions(tmp_path):
+    root = make_repo(tmp_path, "py_slug")
+    checkpoint = Checkpoint(root, "r")
+    assert checkpoint.diff() == ""
+    checkpoint.take()
+    (root / "slug.py").write_text((root / "slug.py").read_text().replace('"_".join', '"-".join'))
+    (root / "new.py").write_text("n = 1")
+    (root / ".gitignore").unlink()
+    diff = checkpoint.diff()
+    assert '-    return "_".join(words)\n+    return "-".join(words)\n' in diff
+    assert "--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+n = 1\n\\ No newline at end of file\n" in diff
+    assert "--- a/.gitignore\n+++ /dev/null\n" in diff

@@ -1,0 +1,67 @@
+"""Search/replace: exact, then whitespace-tolerant, else an error with the closest lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent.edits import apply_blocks
+from agent.errors import ToolError
+
+SOURCE = """def add(a, b):
+    return a - b
+
+
+class Box:
+    def size(self):
+        if self.items:
+            return len(self.items) - 1
+        return 0
+"""
+
+
+def test_exact_match_replaces_once():
+    out = apply_blocks(SOURCE, [("    return a - b\n", "    return a + b\n")], "m.py")
+    assert out == SOURCE.replace("a - b", "a + b")
+
+
+def test_ambiguous_search_is_refused():
+    with pytest.raises(ToolError, match="matches 2 places"):
+        apply_blocks("x = 1\nx = 1\n", [("x = 1\n", "x = 2\n")], "m.py")
+
+
+def test_wrong_indentation_is_matched_and_the_replacement_reindented():
+    search = "if self.items:\n    return len(self.items) - 1\n"
+    replace = "if self.items:\n    return len(self.items)\n"
+    out = apply_blocks(SOURCE, [(search, replace)], "m.py")
+    assert "        if self.items:\n            return len(self.items)\n        return 0\n" in out
+    assert out.count("\n") == SOURCE.count("\n")
+
+
+def test_trailing_spaces_and_blank_lines_do_not_block_a_match():
+    out = apply_blocks(SOURCE, [("def add(a, b):   \n\n    return a - b\n", "def add(a, b):\n    return a + b\n")], "m.py")
+    assert out.startswith("def add(a, b):\n    return a + b\n\n\nclass Box:")
+
+
+def test_no_match_shows_the_closest_lines():
+    with pytest.raises(ToolError) as e:
+        apply_blocks(SOURCE, [("            return len(items) - 1\n", "x\n")], "m.py")
+    message = str(e.value)
+    assert "m.py: the SEARCH block matches nothing" in message
+    assert "closest lines (8-8)" in message and "return len(self.items) - 1" in message
+
+
+def test_blocks_apply_all_or_none():
+    blocks = [("    return a - b\n", "    return a + b\n"), ("not in the file\n", "x\n")]
+    with pytest.raises(ToolError, match="SEARCH block 2 matches nothing"):
+        apply_blocks(SOURCE, blocks, "m.py")
+
+
+def test_crlf_files_keep_their_line_endings():
+    text = "a = 1\r\nb = 2\r\n"
+    assert apply_blocks(text, [("b = 2\n", "b = 3\n")], "w.py") == "a = 1\r\nb = 3\r\n"
+
+
+def test_empty_search_fills_an_empty_file_only():
+    assert apply_blocks("", [("", "x = 1\n")], "n.py") == "x = 1\n"
+    with pytest.raises(ToolError, match="is empty"):
+        apply_blocks(SOURCE, [("\n", "x\n")], "m.py")

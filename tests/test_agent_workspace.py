@@ -1,0 +1,134 @@
+"""Path confinement, the test-file rule, atomic writes and what the agent may list."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import pytest
+from agent_fixtures.repos import git, make_repo, snapshot
+
+from agent.checkpoint import Checkpoint
+from agent.errors import ToolError
+from agent.workspace import Workspace
+
+
+@pytest.fixture
+def repo(tmp_path):
+    return make_repo(tmp_path, "py_mean")
+
+
+def workspace(root, **kw) -> Workspace:
+    return Workspace(root, Checkpoint(root, "t"), **kw)
+
+
+@pytest.mark.parametrize("path, fragment", [
+    ("/etc/passwd", "absolute paths are not allowed"),
+    ("~/x", "absolute paths are not allowed"),
+    ("../outside.txt", "'..' is not allowed"),
+    ("tests/../../outside.txt", "'..' is not allowed"),
+    (".git/config", ".git and .kog are off limits"),
+    ("sub/.git/HEAD", ".git and .kog are off limits"),
+    (".kog/checkpoints/x.json", ".git and .kog are off limits"),
+    ("", "empty path"),
+])
+def test_paths_outside_the_repository_are_refused(repo, path, fragment):
+    ws = workspace(repo)
+    with pytest.raises(ToolError, match=fragment):
+        ws.read_text(path)
+    with pytest.raises(ToolError, match=fragment):
+        ws.write_text(path, "x")
+
+
+def test_symlinks_that_leave_the_repository_are_refused(repo, tmp_path):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("keep out\n")
+    (repo / "link.txt").symlink_to(secret)
+    (repo / "linkdir").symlink_to(tmp_path)
+    (repo / "inside.py").symlink_to("stats.py")
+    before = snapshot(tmp_path)
+    ws = workspace(repo)
+    for path in ("link.txt", "linkdir/secret.txt", "linkdir/new.py"):
+        with pytest.raises(ToolError, match="outside the repository"):
+            ws.read_text(path)
+        with pytest.raises(ToolError, match="outside the repository"):
+            ws.write_text(path, "pwned\n")
+    assert ws.read_text("inside.py") == (repo / "stats.py").read_text()  # a link within is fine
+    assert snapshot(tmp_path) == before
+
+
+def test_writing_into_git_through_a_symlink_is_refused(repo):
+    (repo / "hooks").symlink_to(".git/hooks")
+    with pytest.raises(ToolError, match="off limits"):
+        workspace(repo).write_text("hooks/pre-commit", "#!/bin/sh\n")
+    assert not (repo / ".git/hooks/pre-commit").exists()
+
+
+def test_test_files_and_test_configuration_need_permission(repo):
+    ws = workspace(repo, protected=["Makefile"])
+    for path in ("tests/test_stats.py", "pytest.ini", "conftest.py", "Makefile", "lib/foo_test.py", "web/a.spec.ts"):
+        assert ws.is_test_file(path), path
+        with pytest.raises(ToolError, match="--allow-test-edits"):
+            ws.write_text(path, "")
+    assert not ws.is_test_file("stats.py") and not ws.is_test_file("src/testing_utils.py")
+    allowed = workspace(repo, allow_test_edits=True)
+    allowed.write_text("tests/test_stats.py", "def test_x():\n    pass\n")
+    assert (repo / "tests/test_stats.py").read_text() == "def test_x():\n    pass\n"
+
+
+def test_writes_are_atomic_and_keep_the_mode(repo):
+    script = repo / "run.sh"
+    script.write_text("echo old\n")
+    script.chmod(0o750)
+    git(repo, "add", "run.sh")
+    ws = workspace(repo)
+    ws.write_text("run.sh", "echo new\n")
+    ws.write_text("pkg/deep/new.py", "x = 1\n")
+    assert script.read_text() == "echo new\n" and stat.S_IMODE(script.stat().st_mode) == 0o750
+    assert (repo / "pkg/deep/new.py").read_text() == "x = 1\n"
+    assert not [p for p in repo.rglob("*") if "kog-tmp" in p.name]  # no temp files left behind
+    assert ws.written == {"run.sh", "pkg/deep/new.py"}
+
+
+def test_a_failed_write_leaves_the_old_file(repo, monkeypatch):
+    original = (repo / "stats.py").read_bytes()
+    ws = workspace(repo)
+    ws.checkpoint.take()
+
+    def broken(*args):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", broken)
+    with pytest.raises(OSError):
+        ws.write_text("stats.py", "x" * 10_000)
+    assert (repo / "stats.py").read_bytes() == original
+    assert sorted(p.name for p in repo.iterdir()) == sorted([".git", ".gitignore", ".kog", "pytest.ini", "stats.py", "tests"])
+
+
+def test_files_respect_gitignore_with_and_without_git(tmp_path):
+    for use_git in (True, False):
+        root = make_repo(tmp_path / str(use_git), "py_mean", use_git=use_git)
+        (root / "__pycache__").mkdir()
+        (root / "__pycache__/stats.cpython-311.pyc").write_bytes(b"\0")
+        (root / "notes.txt").write_text("untracked but not ignored\n")
+        files = workspace(root).files()
+        assert files == [".gitignore", "notes.txt", "pytest.ini", "stats.py", "tests/test_stats.py"], use_git
+
+
+def test_ignored_files_cannot_be_written_in_a_git_repository(repo):
+    (repo / "__pycache__").mkdir()
+    with pytest.raises(ToolError, match="ignored by git"):
+        workspace(repo).write_text("__pycache__/x.py", "x = 1\n")
+    assert not (repo / "__pycache__/x.py").exists()
+
+
+def test_binary_and_non_utf8_files_are_not_read_as_text(repo):
+    (repo / "blob.bin").write_bytes(b"\x00\x01\x02")
+    (repo / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
+    ws = workspace(repo)
+    with pytest.raises(ToolError, match="binary"):
+        ws.read_text("blob.bin")
+    with pytest.raises(ToolError, match="not UTF-8"):
+        ws.read_text("latin.txt")
+    with pytest.raises(ToolError, match="no such file"):
+        ws.read_text("missing.py")
