@@ -76,15 +76,15 @@ def sample(logits: np.ndarray, params: SamplingParams, history: np.ndarray, step
     if params.top_k:
         order = order[: params.top_k]
     top = scaled[order]
-    probs = np.exp(top - top[0])
-    probs /= probs.sum()
+    weights = np.exp(top - top[0])  # fp32, relative to the most likely token
+    # float64 sums: the pick must not depend on summation order (a GPU sums in another order)
+    probs = weights.astype(np.float64) / weights.astype(np.float64).sum()
     keep = len(order)
     if params.top_p < 1.0:
         # smallest prefix whose mass reaches top_p (always at least one token)
         keep = int(np.searchsorted(np.cumsum(probs), params.top_p) + 1)
     if params.min_p > 0.0:
-        keep = min(keep, int(np.count_nonzero(probs >= params.min_p * probs[0])))
-    probs = probs[:keep]
-    cdf = np.cumsum(probs)
+        keep = min(keep, int(np.count_nonzero(weights >= np.float32(params.min_p))))
+    cdf = np.cumsum(probs[:keep])
     u = uniform(params.seed, step) * cdf[-1]
     return int(order[min(int(np.searchsorted(cdf, u, side="right")), keep - 1)])

@@ -277,38 +277,13 @@ __device__ __noinline__ void fail(const KParams* P, int code, unsigned where) {
     }
 }
 
-// One wave waits until flags[lo..hi] >= target. Bounded; false on timeout or on another failure.
-__device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
-    const KParams* P = c.P;
-    kog_u64 t0 = 0;
-    for (int it = 0;; ++it) {
-        bool ok = true;
-        for (int j = lo + c.lane; j <= hi; j += KOG_WAVE) ok &= kog_ld_relaxed_u32(P->flags + j) >= target;
-        if (kog_wave_all(ok)) break;
-        if ((it & 31) == 31) {
-            int bad = 0;
-            if (c.lane == 0) {
-                const kog_u64 now = kog_clock_ns();
-                if (t0 == 0) t0 = now;
-                if (kog_ld_relaxed_s32(P->status + ST_ERROR) != 0) bad = 2;
-                else if (now - t0 > (kog_u64)P->timeout_ns) bad = 1;
-            }
-            bad = kog_shfl(bad, 0);
-            if (bad) {
-                if (bad == 1 && c.lane == 0) fail(P, ERR_TIMEOUT, target);
-                return false;
-            }
-        }
-    }
-    kog_fence_acqrel();  // acquire: what the producers wrote before their flag is visible now
-    return true;
-}
-
-// One wave waits for three block ranges at once (the producers of a head's q, k and v rows).
+// One wave waits until the flags of three block ranges (empty when hi < lo) reach `target`:
+// the producers of a head's q, k and v rows, or one range. Bounded: false on timeout (the
+// watchdog) or when another block has failed.
 __device__ bool wave_wait3(const Ctx& c, int a0, int a1, int b0, int b1, int c0, int c1, unsigned target) {
     const KParams* P = c.P;
     kog_u64 t0 = 0;
-    const int na = a1 - a0 + 1, nb = b1 - b0 + 1, n = na + nb + (c1 - c0 + 1);
+    const int na = max(a1 - a0 + 1, 0), nb = max(b1 - b0 + 1, 0), n = na + nb + max(c1 - c0 + 1, 0);
     for (int it = 0;; ++it) {
         bool ok = true;
         for (int j = c.lane; j < n; j += KOG_WAVE) {
@@ -331,8 +306,12 @@ __device__ bool wave_wait3(const Ctx& c, int a0, int a1, int b0, int b1, int c0,
             }
         }
     }
-    kog_fence_acqrel();
+    kog_fence_acqrel();  // acquire: what the producers wrote before their flags is visible now
     return true;
+}
+
+__device__ __forceinline__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
+    return wave_wait3(c, lo, hi, 0, -1, 0, -1, target);
 }
 
 // All threads: wait for every block to finish phase `target`.
