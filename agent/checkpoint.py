@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from agent.errors import ToolError
-from agent.workspace import write_atomic
+from engine.files import write_atomic
 from engine.errors import KogError
 
 KOG_DIR = ".kog"
@@ -289,7 +289,7 @@ def _restore(root: Path, target: Path, data: bytes, mode: int) -> None:
     if mode == LINK:
         os.symlink(data.decode(), target)
     else:
-        write_atomic(target, data, mode)
+        write_atomic(target, data, mode=mode)
 
 
 def _clear_way(target: Path, root: Path) -> None:

@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from agent.errors import ToolError
+from engine.files import write_atomic
 
 if TYPE_CHECKING:
     from agent.checkpoint import Checkpoint
@@ -31,12 +32,6 @@ TEST_NAMES = (
     "*.spec.[jt]s", "*.spec.[jt]sx", "pytest.ini", "tox.ini", "jest.config.*", "vitest.config.*", ".mocharc*",
 )
 MAX_READ_BYTES = 1 << 20
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class Workspace:
@@ -126,24 +121,6 @@ class Workspace:
     def changed(self) -> None:
         """Something outside write_text (a shell command) may have changed the tree."""
         self._files = None
-
-
-def write_atomic(target: Path, data: bytes, mode: int | None = None) -> None:
-    """Replace `target` with `data` all at once: readers see the old file or the new, never half."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if mode is None:
-        mode = target.stat().st_mode & 0o7777 if target.exists() else 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".kog-tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _git_listing(root: Path) -> list[str] | None:

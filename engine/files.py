@@ -6,24 +6,36 @@ import os
 import tempfile
 from pathlib import Path
 
-from engine.errors import KogError
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write `data` to a temporary file beside `path`, flush it to disk, then rename it into
-    place: readers see the old file or the new one, never half of one."""
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None, overwrite: bool = True) -> None:
+    """Write `data` to a temporary file beside `path`, flush it to disk, then put it in place:
+    readers see the old file or the new one, never half of one.
+
+    `mode`: permission bits (default: those of the file replaced, else 0o666 less the umask).
+    `overwrite=False`: raise FileExistsError rather than replace a file, even one that appears
+    while writing (the file is linked into place, which fails where replacing would clobber).
+    Raises OSError; the temporary file never outlives the call.
+    """
     path = Path(path).expanduser()
-    tmp = None
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if mode is None:
+        mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".kog-tmp", dir=path.parent)
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
-        tmp = None
-    except OSError as e:
-        raise KogError(f"cannot write {path}: {e.strerror or e}") from None
+        os.chmod(tmp, mode)
+        if overwrite:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)
     finally:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)

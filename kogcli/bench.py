@@ -89,10 +89,13 @@ def bench_command(
         _print_quick(results[0], info, bandwidth)
     else:
         _print_table(results, info, bandwidth)
-    if json_file is not None:
-        write_atomic(json_file, json.dumps(report, indent=1).encode())
-    if plot_file is not None:
-        _plot(results, bandwidth, plot_file)
+    try:
+        if json_file is not None:
+            write_atomic(json_file, json.dumps(report, indent=1).encode())
+        if plot_file is not None:
+            _plot(results, bandwidth, plot_file)
+    except OSError as e:
+        raise KogError(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
 
 
 def _default_tokens(device: str, quick: bool) -> int:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 from pathlib import Path
 
 from engine.errors import KogError
+from engine.files import write_atomic
 
 
 def to_markdown(title: str, model: str, system: str | None, messages: list[dict]) -> str:
@@ -27,16 +26,7 @@ def write_new(path: Path, text: str) -> Path:
     if not path.parent.is_dir():
         raise KogError(f"no such directory: {path.parent}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            # link() fails if `path` appeared meanwhile, where replace() would clobber it.
-            os.link(tmp, path)
-        finally:
-            os.unlink(tmp)
+        write_atomic(path, text.encode("utf-8"), overwrite=False)
     except FileExistsError:
         raise KogError(f"{path} already exists; export to a new name (nothing was overwritten)") from None
     except OSError as e:
