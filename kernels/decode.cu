@@ -412,6 +412,18 @@ __device__ void publish_block_best(const Ctx& c, Best x) {
     __syncthreads();
 }
 
+// One wave: the best (value, index) over every block's published candidate.
+__device__ Best gather_best(const Ctx& c) {
+    Best x = {-KOG_INF, 0x7fffffff};
+    for (int j = c.lane; j < NBLK; j += KOG_WAVE) {
+        const float v = kog_ldcg(c.P->slot_val + j);
+        const int i = kog_ldcg_s32(c.P->slot_idx + j);
+        if (better(v, i, x.v, x.i)) x.v = v, x.i = i;
+    }
+    best_wave(x);
+    return x;
+}
+
 // Per row of the LM head (or of the prefill logits at step 0).
 __device__ __forceinline__ void post_logit(const KParams* P, bool greedy, int r, float raw, Best& best) {
     const float v = penalized(P, r, raw);
@@ -1004,13 +1016,7 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
     if (!wait_all(c, c.epoch)) return false;
     if (greedy) {
         if (c.warp == 0) {
-            Best x = {-KOG_INF, 0x7fffffff};
-            for (int j = c.lane; j < NBLK; j += 32) {
-                const float v = kog_ldcg(P->slot_val + j);
-                const int i = kog_ldcg_s32(P->slot_idx + j);
-                if (better(v, i, x.v, x.i)) x.v = v, x.i = i;
-            }
-            best_wave(x);
+            const Best x = gather_best(c);
             if (c.lane == 0) c.sint[1] = x.i, c.sint[2] = kog_ldcg_s32(P->ctl + 1);
         }
         __syncthreads();
@@ -1021,13 +1027,7 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
     }
     // sampling: max key -> probabilities and bins (all blocks) -> block 0 samples
     if (c.warp == 0) {
-        Best x = {-KOG_INF, 0x7fffffff};
-        for (int j = c.lane; j < NBLK; j += 32) {
-            const float v = kog_ldcg(P->slot_val + j);
-            const int i = kog_ldcg_s32(P->slot_idx + j);
-            if (better(v, i, x.v, x.i)) x.v = v, x.i = i;
-        }
-        best_wave(x);
+        const Best x = gather_best(c);
         if (c.lane == 0) c.sint[3] = x.i;
     }
     __syncthreads();
