@@ -67,19 +67,6 @@ def run_transformers(runs: int, tokens: int) -> dict:
     return {"tok_s": rates[1:], "tokens": out, "threads": torch.get_num_threads()}
 
 
-def read_bandwidth_gb_s(size_bytes: int = 1 << 30) -> float:
-    """This machine's memory read rate: best of 5 sums over a buffer far larger than the caches."""
-    import numpy as np
-
-    buffer = np.ones(size_bytes // 4, dtype=np.float32)
-    best = float("inf")
-    for _ in range(5):
-        start = time.perf_counter()
-        buffer.sum()
-        best = min(best, time.perf_counter() - start)
-    return size_bytes / best / 1e9
-
-
 def measure(name: str, runs: int, tokens: int) -> dict:
     result = (run_kog if name == "kog" else run_transformers)(runs, tokens)
     if name == "kog":
@@ -99,7 +86,9 @@ def main() -> None:
     if args.phase:
         print(json.dumps(measure(args.phase, args.runs, args.tokens)))
         return
-    bandwidth = read_bandwidth_gb_s()
+    from engine.hardware import read_bandwidth_gb_s
+
+    bandwidth = read_bandwidth_gb_s("cpu")
     results = {}
     for name in ("kog", "transformers"):
         cmd = [sys.executable, __file__, "--phase", name, "--runs", str(args.runs), "--tokens", str(args.tokens)]

@@ -144,4 +144,4 @@ def test_a_cancel_during_prefill_stops_the_generation(tiny):
     assert list(events) == []
     assert generation.stats.stop_reason == "cancelled"
     session.backend.prefill = real_prefill
-    assert len(list(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4
+    assert len(run(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4

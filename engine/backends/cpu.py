@@ -27,6 +27,13 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt(variance + np.float32(eps)) * weight
 
 
+def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """x @ weight.T; one row goes through matrix-vector BLAS, which streams the weight faster."""
+    if x.shape[0] == 1:
+        return (weight @ x[0])[None, :]
+    return x @ weight.T
+
+
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (np.float32(1.0) + np.exp(-x))
 
@@ -105,7 +112,7 @@ class CpuBackend(Backend):
         x = self.embed[tokens].astype(np.float32)
         for i, layer in enumerate(self.layers):
             h = rms_norm(x, layer.attn_norm, c.rms_norm_eps)
-            qkv = h @ layer.wqkv.T
+            qkv = linear(h, layer.wqkv)
             if layer.bqkv is not None:
                 qkv += layer.bqkv
             q = qkv[:, :q_size].reshape(n, c.num_heads, c.head_dim)
@@ -126,11 +133,11 @@ class CpuBackend(Backend):
             probs = scores / scores.sum(axis=-1, keepdims=True)
             attn = probs.reshape(c.num_kv_heads, group * n, end) @ values
             attn = attn.reshape(c.num_kv_heads, group, n, c.head_dim).transpose(2, 0, 1, 3).reshape(n, q_size)
-            x = x + attn @ layer.wo.T
+            x = x + linear(attn, layer.wo)
             h = rms_norm(x, layer.mlp_norm, c.rms_norm_eps)
-            gate_up = h @ layer.w_gate_up.T
+            gate_up = linear(h, layer.w_gate_up)
             inter = c.intermediate_size
-            x = x + (silu(gate_up[:, :inter]) * gate_up[:, inter:]) @ layer.w_down.T
+            x = x + linear(silu(gate_up[:, :inter]) * gate_up[:, inter:], layer.w_down)
         self.cached_tokens = end
         last = rms_norm(x[-1], self.final_norm, c.rms_norm_eps)
         return self.lm_head @ last
