@@ -84,7 +84,7 @@ def test_cancel_from_another_thread_then_generate_again(tiny, seed):
 
 
 def test_stop_token_ends_the_reply(tiny, monkeypatch):
-    free = run(open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10))
+    free = run(open_session(tiny, device="cpu", context=512).complete([1, 2, 3], max_tokens=10, stop_at_eos=False))
     stop = free[4]  # declare a token the model is about to produce a stop token
     monkeypatch.setattr(tiny.tokenizer, "stop_ids", {stop})
     monkeypatch.setattr(tiny.config, "eos_token_ids", [])
