@@ -5,22 +5,22 @@
 #   phase 1 (carry .whl .models/a): the GPU tests on random-init models at real shapes
 #   phase 2 (carry .whl .models/b): real weights: GPU test, kog generate, kog bench
 set -o pipefail
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site:$PWD || exit 1
-export PYTHONUNBUFFERED=1 KOG_HOME=/tmp/kog OUT=${OUT:-/tmp/out} COLUMNS=200
-mkdir -p "$OUT" /tmp/parts
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .models/site .whl/*.whl \
+  && export PYTHONPATH=$PWD/.models/site:$PWD || exit 1
+export PYTHONUNBUFFERED=1 KOG_HOME=${KOG_HOME:-$PWD/.models/kog-home} OUT=${OUT:-$PWD/.models/out} COLUMNS=200
+mkdir -p "$OUT" "$KOG_HOME/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 KOG="python3 -m kogcli"
 case "$1" in
 1)
-  cp .models/a/* /tmp/parts/
+  cp .models/a/* "$KOG_HOME/parts/"
   KOG_TEST_MODELS=${KOG_TEST_MODELS:-smollm2-135m,qwen3-1.7b} \
     timeout 300 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k "not real_default" -rfEs 2>&1 | tee "$OUT/tests.log"
   ;;
 2)
-  cp .models/b/* /tmp/parts/
+  cp .models/b/* "$KOG_HOME/parts/"
   model=$KOG_HOME/cache/models/smollm2-135m-instruct
-  mkdir -p "$model" && cat /tmp/parts/gguf.part-* > "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
+  mkdir -p "$model" && cat "$KOG_HOME"/parts/gguf.part-* > "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
   sha256sum "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
   timeout 120 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k real_default -rfEs -s 2>&1 | tee "$OUT/real.log"
   timeout 60 $KOG generate "Write a Python function that reverses a list." --device cuda --max-tokens 96
