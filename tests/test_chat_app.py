@@ -83,7 +83,7 @@ def test_ui_keeps_up_with_a_5000_tok_s_stream(default_gguf, tmp_path):
     assert len(shown_lengths) >= 3, "the reply was not shown while it streamed"
     assert lag < 3.0, f"the UI finished {lag:.2f} s after the stream"
     # the UI may take the interpreter from the source's thread now and then, but never for long
-    assert stats.decode_tok_s > 0.8 * rate, f"the UI held the stream back to {stats.decode_tok_s:.0f} tok/s"
+    assert stats.decode_tok_s > 0.6 * rate, f"the UI held the stream back to {stats.decode_tok_s:.0f} tok/s"
     # the rate shown is the source's own, within 5%
     assert abs(info.decode_tok_s - stats.decode_tok_s) / stats.decode_tok_s < 0.05
     assert f"decode {info.decode_tok_s:,.0f} tok/s" in status_line
