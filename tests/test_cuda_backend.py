@@ -153,6 +153,30 @@ def test_prefill_logits_match(model):
     assert int(np.argmax(logits)) == int(np.argmax(cref)) or cref.max() - cref[np.argmax(logits)] < TIE * cref.std()
 
 
+def test_prefill_in_two_parts_matches_one_pass(model):
+    """Prefix reuse: a prompt longer than one 64-row attention tile (and not a multiple of it),
+    prefilled as 70 + 81 tokens, leaves the cache and logits of one pass; both match the CPU."""
+    gpu, lm = model["gpu"], model["lm"]
+    n, cut = 151, 70
+    prompt = random_prompt(lm.config.vocab_size, n, model["rng"])
+    whole = _fresh(gpu, prompt)
+    kc, vc = gpu.kc[:, :, :n].get(), gpu.vc[:, :, :n].get()
+    gpu.truncate(0)
+    gpu.poison()
+    gpu.prefill(prompt[:cut])
+    gpu.poison()  # nothing past the first part may be read
+    parts = gpu.prefill(prompt[cut:])
+    cref = _cpu(model).prefill(prompt)
+    print(f"  two-part prefill: logits rel {_rel(parts, whole):.2e}, K {_rel(gpu.kc[:, :, :n].get(), kc):.2e}, "
+          f"V {_rel(gpu.vc[:, :, :n].get(), vc):.2e}; one pass vs CPU {_rel(whole, cref):.2e}")
+    assert gpu.cached_tokens == n
+    assert np.isfinite(parts).all()
+    assert _rel(parts, whole) < 1e-5
+    assert _rel(gpu.kc[:, :, :n].get(), kc) < 1e-5
+    assert _rel(gpu.vc[:, :, :n].get(), vc) < 1e-5
+    assert _rel(whole, cref) < 1e-4
+
+
 def test_decode_step_matches(model):
     """One kernel forward: its logits and the K/V it appends, against transformers and prefill."""
     hf, gpu, prompt = model["hf"], model["gpu"], model["prompt"]

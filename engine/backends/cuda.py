@@ -1,12 +1,13 @@
-"""The CUDA backend: a batched prefill through cuBLAS and the decode monokernel (kernels/decode.cu).
+"""The CUDA backend: a batched prefill (kernels/prefill.cu) and the decode monokernel (kernels/decode.cu).
 
 Load time does all the offline work once: weights go to the GPU in bf16 in the layouts the
 kernel streams (per layer: packed Q/K/V rows, O, gate/up rows interleaved, down; then the
 embedding and an untied LM head), the small fp32 vectors (norm weights, QKV bias) beside
 them, RoPE tables for every position, and an fp32 KV cache of `max_context` positions.
 
-`prefill` runs the prompt with fp32 activations (weights widened from bf16 per layer, fp32
-cuBLAS products, no TF32), the same math as the CPU reference, and writes the KV cache.
+`prefill` (engine/backends/cuda_prefill.py) runs the prompt with fp32 activations through
+tensor-core products of split-bf16 terms and fused kernels: the CPU reference's math to within
+fp32 rounding; it writes the KV cache.
 `decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
 and yields tokens while the kernel runs. Cancel is a host-mapped flag the kernel reads once
@@ -27,6 +28,7 @@ import numpy as np
 
 from engine import rope
 from engine.backends.base import Backend
+from engine.backends.cuda_prefill import CudaPrefill
 from engine.errors import KogError
 from engine.paths import cache_dir
 from engine.sampling import SamplingParams
@@ -141,6 +143,7 @@ class CudaBackend(Backend):
             self._load_modules()
             self._upload(w, lay)
             self._alloc(lay)
+            self._prefill = CudaPrefill(self, self.pmod)
         self.stream.synchronize()
         self.logits_valid = False
         self.last_logits: np.ndarray | None = None
@@ -195,9 +198,7 @@ class CudaBackend(Backend):
             except Exception:
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
-        self.k_bf16_to_f32 = self.pmod.get_function("kog_bf16_to_f32")
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        self.k_gemv = self.pmod.get_function("kog_gemv_bf16")
         info = cp.zeros(16, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
@@ -322,91 +323,19 @@ class CudaBackend(Backend):
         return self._device_name
 
     # ---- prefill -------------------------------------------------------------------------
-    def _f32(self, off: int, rows: int, cols: int):
-        out = self.cp.empty((rows, cols), dtype=self.cp.float32)
-        n = rows * cols
-        self._launch1d(self.k_bf16_to_f32, n, (self.w[off : off + n], out, np.int64(n)))
-        return out
-
-    def _rms(self, x, weight):
-        cp = self.cp
-        var = cp.mean(x * x, axis=-1, keepdims=True)
-        return x / cp.sqrt(var + np.float32(self.config.rms_norm_eps)) * weight
-
     def prefill(self, tokens: list[int]) -> np.ndarray:
         if self.cached_tokens + len(tokens) > self.max_context:
             raise ValueError("prefill past the end of the context")
         if not tokens:
             return self.last_logits
-        cp, c, lay = self.cp, self.config, self.lay
-        H, D, nh, nkv = c.hidden_size, c.head_dim, c.num_heads, c.num_kv_heads
-        g, inter = nh // nkv, c.intermediate_size
-        n, start = len(tokens), self.cached_tokens
-        end = start + n
         with self.device, self.stream:
-            ids = cp.asarray(np.asarray(tokens, dtype=np.int64))
-            emb = self.w[lay.off_emb : lay.off_emb + c.vocab_size * H].reshape(c.vocab_size, H)[ids]
-            x = cp.empty((n, H), dtype=cp.float32)
-            self._launch1d(self.k_bf16_to_f32, n * H, (cp.ascontiguousarray(emb), x, np.int64(n * H)))
-            cos = cp.concatenate([self.rcos[start:end]] * 2, axis=1)[:, None, :]
-            sin = cp.concatenate([self.rsin[start:end]] * 2, axis=1)[:, None, :]
-            scale = np.float32(1.0 / np.sqrt(D))
-            rows_per_chunk = max(1, min(n, (256 << 20) // (4 * nh * end)))
-            for i in range(c.num_layers):
-                base, s = i * lay.lstride, i * lay.sstride
-                ws = lambda off, k, s=s: self.ws[s + off : s + off + k]  # noqa: E731
-                h = self._rms(x, ws(lay.s_attn_norm, H))
-                qkv = h @ self._f32(base + lay.off_qkv, lay.nqkv, H).T
-                if c.qkv_bias:
-                    qkv += ws(lay.s_bqkv, lay.nqkv)
-                q = qkv[:, : lay.qd].reshape(n, nh, D)
-                k = qkv[:, lay.qd : lay.qd + lay.kvd].reshape(n, nkv, D)
-                v = qkv[:, lay.qd + lay.kvd :].reshape(n, nkv, D)
-                if c.qk_norm:
-                    q = self._rms(q, ws(lay.s_qnorm, D))
-                    k = self._rms(k, ws(lay.s_knorm, D))
-                q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
-                self.kc[i, :, start:end] = k.transpose(1, 0, 2)
-                self.vc[i, :, start:end] = v.transpose(1, 0, 2)
-                attn = cp.empty((n, lay.qd), dtype=cp.float32)
-                for q0 in range(0, n, rows_per_chunk):
-                    q1 = min(n, q0 + rows_per_chunk)
-                    m, last = q1 - q0, start + q1
-                    keys, values = self.kc[i, :, :last], self.vc[i, :, :last]
-                    qg = q[q0:q1].reshape(m, nkv, g, D).transpose(1, 2, 0, 3).reshape(nkv, g * m, D)
-                    scores = (qg @ keys.transpose(0, 2, 1)) * scale
-                    cols = cp.arange(last)[None, :]
-                    rows = cp.arange(start + q0, start + q1)[:, None]
-                    mask = cp.where(cols > rows, np.float32(-np.inf), np.float32(0)).astype(cp.float32)
-                    scores = scores.reshape(nkv, g, m, last) + mask
-                    scores = cp.exp(scores - scores.max(axis=-1, keepdims=True))
-                    probs = scores / scores.sum(axis=-1, keepdims=True)
-                    out = probs.reshape(nkv, g * m, last) @ values
-                    attn[q0:q1] = out.reshape(nkv, g, m, D).transpose(2, 0, 1, 3).reshape(m, lay.qd)
-                x = x + attn @ self._f32(base + lay.off_o, H, lay.qd).T
-                h = self._rms(x, ws(lay.s_mlp_norm, H))
-                gu = h @ self._f32(base + lay.off_gu, 2 * inter, H).T
-                gate, up = gu[:, 0::2], gu[:, 1::2]
-                act = gate / (np.float32(1.0) + cp.exp(-gate)) * up
-                x = x + act @ self._f32(base + lay.off_dn, H, inter).T
-            last = cp.ascontiguousarray(self._rms(x[-1], self.ws[lay.s_final : lay.s_final + H]))
-            V = c.vocab_size
-            self.k_gemv(
-                ((V * 32 + 255) // 256,), (256,),
-                (self.w[lay.off_lmh :], last, self.logits, np.int32(V), np.int32(H)),
-                stream=self.stream,
-            )
+            self._prefill.run(tokens, self.cached_tokens)
             logits = self.logits.get(stream=self.stream)
         self.stream.synchronize()
-        self.cached_tokens = end
+        self.cached_tokens += len(tokens)
         self.logits_valid = True
         self.last_logits = logits
         return logits
-
-    def _rope(self, x, cos, sin):
-        half = x.shape[-1] // 2
-        rotated = self.cp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-        return x * cos + rotated * sin
 
     # ---- decode --------------------------------------------------------------------------
     def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
