@@ -1,8 +1,13 @@
-"""Where a decoded token's time goes: the monokernel timed with stages left out (timing only,
-the tokens are garbage). KOG_EXP=1 skips the attention math, 2 skips the weight loads
-(matrix math on zeros: what remains is synchronisation and per-phase overhead).
+"""Where a decoded token's time goes.
 
-    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b]
+Two views of the monokernel on random-init models at real shapes (timing only):
+- stages left out: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math
+  on zeros: what remains is synchronisation and per-phase overhead);
+- a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
+  wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
+  median and slowest block) and the hop (last producer done -> consumers ready).
+
+    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--no-variants]
 """
 
 from __future__ import annotations
@@ -18,16 +23,71 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.random_models import build_hf, loaded_model, random_prompt  # noqa: E402
 
 VARIANTS = {"full": {}, "no-attention": {"KOG_EXP": "1"}, "no-weight-loads": {"KOG_EXP": "2"}}
+TRACE_STEP = 64
+TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
+# the events of one layer, in kernel order (greedy decoding), and what ends at each
+LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
+                "down ready", "down done")
+
+
+def decode_rates(be, prompt, runs: int = 4) -> float:
+    from engine.sampling import SamplingParams
+
+    rates = []
+    for _ in range(runs):
+        be.truncate(0)
+        be.prefill(prompt)
+        list(be.decode(SamplingParams(), prompt, 256, set()))
+        ts = be.token_times_ns.astype(np.float64) * 1e-9
+        rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
+    return float(np.median(rates[1:]))
+
+
+def trace(be, prompt, layers: int) -> None:
+    """Per-phase work and hops of token TRACE_STEP, averaged over the middle layers."""
+    import cupy as cp
+
+    from engine.sampling import SamplingParams
+
+    be.truncate(0)
+    be.prefill(prompt)
+    list(be.decode(SamplingParams(), prompt, TRACE_STEP + 8, set()))
+    ptr = be.mod.get_global("kog_trace")
+    t = cp.ndarray((TRACE_EV, be.nblk), cp.uint64, ptr).get().astype(np.int64)
+    # events: choose ready, then per layer: [qkv ready (layer > 0)], qkv done, attention done,
+    # o ready, o done, gate/up ready, gate/up done, down ready, down done; then lm ready/done
+    first = 1  # after the choose wait
+    per_layer = []
+    for layer in range(layers):
+        n = 8 if layer == 0 else 9
+        ev = t[first : first + n]
+        if layer > 0:
+            per_layer.append(ev)
+        first += n
+    mid = per_layer[len(per_layer) // 4 : 3 * len(per_layer) // 4] or per_layer
+    print(f"  token {TRACE_STEP}: whole token {(t[first + 1].max() - t[0].max()) / 1e3:.1f} us "
+          f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us); "
+          f"per middle layer (mean of {len(mid)}):")
+    steps = []
+    for a in range(len(LAYER_EVENTS) - 1):
+        work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
+        crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3
+        steps.append((f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}", np.median(work), work.max(axis=1).mean(),
+                      crit.mean()))
+    for name, med, slow, crit in steps:
+        print(f"    {name:32s} median block {med:6.2f} us  slowest {slow:6.2f} us  critical path {crit:6.2f} us")
+    layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
+    print(f"    layer: {layer:.2f} us")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
+    ap.add_argument("--no-variants", action="store_true", help="the trace only")
     args = ap.parse_args()
     import torch
 
     from engine.backends.cuda import CudaBackend
-    from engine.sampling import SamplingParams
 
     for name in args.models.split(","):
         hf = build_hf(name, 7, device="cuda")
@@ -35,17 +95,14 @@ def main() -> None:
         del hf
         torch.cuda.empty_cache()
         prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(7))
-        line = []
-        for label, defines in VARIANTS.items():
+        be = CudaBackend(lm, 512, defines={"KOG_TRACE": str(TRACE_STEP)})
+        r = decode_rates(be, prompt)
+        line = [f"traced build {r:.0f} tok/s ({1e6 / r:.0f} us/token)"]
+        trace(be, prompt, lm.config.num_layers)
+        be.close()
+        for label, defines in ({} if args.no_variants else VARIANTS).items():
             be = CudaBackend(lm, 512, defines=defines)
-            rates = []
-            for _ in range(4):
-                be.truncate(0)
-                be.prefill(prompt)
-                list(be.decode(SamplingParams(), prompt, 256, set()))
-                ts = be.token_times_ns.astype(np.float64) * 1e-9
-                rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
-            r = float(np.median(rates[1:]))
+            r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()
         print(f"{name}: " + "; ".join(line), flush=True)

@@ -71,6 +71,9 @@ constexpr int ATT_WAVE = (G + 2) * D + 32 * KT + 32 * D;  // floats of shared me
 static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
 static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128, 192 or 256");
 static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multiples of 8");
+constexpr int MAXSTOP = 64;         // stop ids at most
+constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
+static_assert(NBLK <= FLAGS, "one flag word per block");
 
 // ---- weight layout (bf16 elements); engine/backends/cuda.py mirrors these formulas ----------
 constexpr long long OFF_QKV = 0;
@@ -126,7 +129,6 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     unsigned* rep_bits;
     const int* stop_ids;
     int* host_tokens;
-    int* host_count;
     const int* host_cancel;
     kog_u64* tok_time;
     long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug_hang,
@@ -264,12 +266,26 @@ struct Ctx {  // per-block state, identical copies in every thread
     const KParams* P;
     int b, tid, lane, warp;
     unsigned epoch;
+    int step, ev;      // token step; synchronisation events so far in this step (tracing)
     float* sm;         // dynamic region
     float* red16;      // NW floats scratch
     int* sint;         // small ints scratch
 };
 
 // ---- synchronisation ---------------------------------------------------------------------
+#ifdef KOG_TRACE  // bench/decode_breakdown.py: when every block passed each wait and arrival of step KOG_TRACE
+constexpr int TRACE_EV = 1024;
+__device__ kog_u64 kog_trace[TRACE_EV * NBLK];
+#endif
+__device__ __forceinline__ void trace_event(Ctx& c) {
+#ifdef KOG_TRACE
+    if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
+    ++c.ev;
+#else
+    (void)c;
+#endif
+}
+
 __device__ __noinline__ void fail(const KParams* P, int code, unsigned where) {
     if (atomicCAS(P->status + ST_ERROR, 0, code) == 0) {
         P->status[ST_WHERE] = (int)where;
@@ -278,18 +294,25 @@ __device__ __noinline__ void fail(const KParams* P, int code, unsigned where) {
 }
 
 // One wave waits until the flags of three block ranges (empty when hi < lo) reach `target`:
-// the producers of a head's q, k and v rows, or one range. Bounded: false on timeout (the
+// the producers of a head's q, k and v rows, or one range. Each lane polls eight flag words
+// with two vector loads, so one round trip sees every block. Bounded: false on timeout (the
 // watchdog) or when another block has failed.
 __device__ bool wave_wait3(const Ctx& c, int a0, int a1, int b0, int b1, int c0, int c1, unsigned target) {
     const KParams* P = c.P;
+    unsigned mine = 0;  // which of this lane's eight flags matter
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int j = (e < 4 ? 0 : 4 * KOG_WAVE - 4) + 4 * c.lane + e;
+        if (j < NBLK && ((j >= a0 && j <= a1) || (j >= b0 && j <= b1) || (j >= c0 && j <= c1))) mine |= 1u << e;
+    }
     kog_u64 t0 = 0;
-    const int na = max(a1 - a0 + 1, 0), nb = max(b1 - b0 + 1, 0), n = na + nb + max(c1 - c0 + 1, 0);
     for (int it = 0;; ++it) {
+        const uint4 f = kog_ld_relaxed_u4(P->flags + 4 * c.lane);
+        const uint4 h = NBLK > 4 * KOG_WAVE ? kog_ld_relaxed_u4(P->flags + 4 * KOG_WAVE + 4 * c.lane) : f;
+        const unsigned v[8] = {f.x, f.y, f.z, f.w, h.x, h.y, h.z, h.w};
         bool ok = true;
-        for (int j = c.lane; j < n; j += KOG_WAVE) {
-            const int blk = j < na ? a0 + j : (j < na + nb ? b0 + j - na : c0 + j - na - nb);
-            ok &= kog_ld_relaxed_u32(P->flags + blk) >= target;
-        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ok &= !((mine >> e) & 1u) || v[e] >= target;
         if (kog_wave_all(ok)) break;
         if ((it & 31) == 31) {
             int bad = 0;
@@ -315,15 +338,18 @@ __device__ __forceinline__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned
 }
 
 // All threads: wait for every block to finish phase `target`.
-__device__ bool wait_all(const Ctx& c, unsigned target) {
+__device__ bool wait_all(Ctx& c, unsigned target) {
     const bool ok = c.warp == 0 ? wave_wait(c, 0, NBLK - 1, target) : true;
-    return __syncthreads_and(ok);
+    const bool all = __syncthreads_and(ok);
+    trace_event(c);
+    return all;
 }
 
 // All threads: this block is done with the current phase.
 __device__ __forceinline__ void arrive(Ctx& c) {
     ++c.epoch;
     __syncthreads();
+    trace_event(c);
     if (c.tid == 0) kog_st_release_u32(c.P->flags + c.b, c.epoch);  // release covers the block (bar.sync)
 }
 
@@ -339,25 +365,51 @@ __device__ float block_sum(const Ctx& c, float v) {
     return s;
 }
 
-// RMSNorm of a global fp32 vector (or of an embedding row) into shared memory.
-__device__ void stage_norm(const Ctx& c, float* xs, const float* src, const unsigned short* emb_row, const float* w,
-                           float* x_out) {
-    float ss = 0.f;
-    for (int i = c.tid; i < H; i += NTHR) {
-        const float v = emb_row ? kog_bf16(emb_row[i]) : kog_ldcg(src + i);
-        if (x_out) x_out[i] = v;
-        xs[i] = v;
-        ss += v * v;
+// RMSNorm of a global fp32 vector (or of an embedding row) into shared memory. Every load a
+// thread needs is issued before the first is used: one round trip, not one per element.
+__device__ void stage_norm(const Ctx& c, float* xs, const float* src, const unsigned short* emb_row, const float* w) {
+    constexpr int N4 = H / 4, NV = (N4 + NTHR - 1) / NTHR;
+    float4 v[NV], g[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = c.tid + k * NTHR;
+        if (i < N4) {
+            if (emb_row) {
+                const uint2 e = __ldg(reinterpret_cast<const uint2*>(emb_row) + i);
+                v[k] = make_float4(kog_bf16_lo(e.x), kog_bf16_hi(e.x), kog_bf16_lo(e.y), kog_bf16_hi(e.y));
+            } else {
+                v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + i);
+            }
+            g[k] = __ldg(reinterpret_cast<const float4*>(w) + i);
+        }
     }
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (c.tid + k * NTHR < N4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
     ss = block_sum(c, ss);
     const float s = sqrtf(ss / (float)H + EPS);
-    for (int i = c.tid; i < H; i += NTHR) xs[i] = xs[i] / s * w[i];
+#pragma unroll
+    for (int k = 0; k < NV; ++k) {
+        const int i = c.tid + k * NTHR;
+        if (i < N4)
+            reinterpret_cast<float4*>(xs)[i] =
+                make_float4(v[k].x / s * g[k].x, v[k].y / s * g[k].y, v[k].z / s * g[k].z, v[k].w / s * g[k].w);
+    }
     __syncthreads();
 }
 
-__device__ void stage_copy(const Ctx& c, float* xs, const float* src, int n) {
-    for (int i = c.tid * 4; i < n; i += NTHR * 4)
-        *reinterpret_cast<uint4*>(xs + i) = kog_ldcg_u4(reinterpret_cast<const uint4*>(src + i));
+// N floats another phase wrote, into shared memory (all loads in flight at once).
+template <int N>
+__device__ void stage_copy(const Ctx& c, float* xs, const float* src) {
+    constexpr int N4 = N / 4, NV = (N4 + NTHR - 1) / NTHR;
+    float4 v[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (c.tid + k * NTHR < N4) v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + c.tid + k * NTHR);
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (c.tid + k * NTHR < N4) reinterpret_cast<float4*>(xs)[c.tid + k * NTHR] = v[k];
     __syncthreads();
 }
 
@@ -415,6 +467,7 @@ __device__ void publish_block_best(const Ctx& c, Best x) {
 // One wave: the best (value, index) over every block's published candidate.
 __device__ Best gather_best(const Ctx& c) {
     Best x = {-KOG_INF, 0x7fffffff};
+#pragma unroll
     for (int j = c.lane; j < NBLK; j += KOG_WAVE) {
         const float v = kog_ldcg(c.P->slot_val + j);
         const int i = kog_ldcg_s32(c.P->slot_idx + j);
@@ -732,10 +785,21 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                         MQKV::owner(v0), MQKV::owner(v0 + D - 1), epoch_qkv))
             return false;
 
-        auto prep = [&](int row0, const float* normw, float* out) {  // (norm) + RoPE of one head
-            float v[DL];
+        // every q/k/v value and RoPE factor this wave needs, loaded in one round trip
+        float qv[G][DL], kv[DL], vv[DL], co[DL / 2], si[DL / 2];
 #pragma unroll
-            for (int i = 0; i < DL; ++i) v[i] = kog_ldcg(P->qkv + row0 + lane + 32 * i);
+        for (int h = 0; h < G; ++h)
+#pragma unroll
+            for (int i = 0; i < DL; ++i) qv[h][i] = kog_ldcg(P->qkv + q0 + h * D + lane + 32 * i);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) {
+            kv[i] = last ? kog_ldcg(P->qkv + k0 + lane + 32 * i) : 0.f;
+            vv[i] = last ? kog_ldcg(P->qkv + v0 + lane + 32 * i) : 0.f;
+        }
+#pragma unroll
+        for (int i = 0; i < DL / 2; ++i) co[i] = __ldg(cs + lane + 32 * i), si[i] = __ldg(sn + lane + 32 * i);
+
+        auto prep = [&](float (&v)[DL], const float* normw, float* out) {  // (norm) + RoPE of one head
 #if KOG_QK_NORM
             float ss = 0.f;
 #pragma unroll
@@ -750,21 +814,20 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL / 2; ++i) {
                 const int d = lane + 32 * i;
-                const float co = cs[d], si = sn[d];
                 const float x1 = v[i], x2 = v[i + DL / 2];
-                out[d] = __fadd_rn(__fmul_rn(x1, co), __fmul_rn(-x2, si));
-                out[d + HALF] = __fadd_rn(__fmul_rn(x2, co), __fmul_rn(x1, si));
+                out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
+                out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
             }
         };
-#pragma unroll 1
-        for (int h = 0; h < G; ++h) prep(q0 + h * D, wl + S_QNORM, qs + h * D);
+#pragma unroll
+        for (int h = 0; h < G; ++h) prep(qv[h], wl + S_QNORM, qs + h * D);
         const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
         float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
         float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
         if (last) {
-            prep(k0, wl + S_KNORM, ks);
+            prep(kv, wl + S_KNORM, ks);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) vs[lane + 32 * i] = kog_ldcg(P->qkv + v0 + lane + 32 * i);
+            for (int i = 0; i < DL; ++i) vs[lane + 32 * i] = vv[i];
             kog_wave_sync();
 #pragma unroll
             for (int i = 0; i < DL; ++i) {
@@ -865,17 +928,23 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             if (old == (unsigned)(nch - 1)) {  // the last chunk of this head combines them all
                 kog_fence_acqrel();
                 const float* pg = P->part + ((long long)(g * MAXCH) * G) * (D + 2);
+                const long long cs_ = (long long)G * (D + 2);  // one chunk's records
+                float mc[G], lc[G];  // lane = chunk: every chunk's (max, sum) in one round trip
+#pragma unroll
+                for (int h = 0; h < G; ++h) {
+                    mc[h] = lane < nch ? kog_ldcg(pg + lane * cs_ + h * (D + 2) + D) : -KOG_INF;
+                    lc[h] = lane < nch ? kog_ldcg(pg + lane * cs_ + h * (D + 2) + D + 1) : 0.f;
+                }
+#pragma unroll
                 for (int h = 0; h < G; ++h) {
                     const float* ph = pg + h * (D + 2);
-                    const long long cs_ = (long long)G * (D + 2);
-                    const float mc = lane < nch ? kog_ldcg(ph + lane * cs_ + D) : -KOG_INF;
-                    const float lc = lane < nch ? kog_ldcg(ph + lane * cs_ + D + 1) : 0.f;
-                    const float M = kog_wave_max(mc);
-                    const float wc = lane < nch ? expf(mc - M) : 0.f;
-                    const float Ls = kog_wave_sum(wc * lc);
+                    const float M = kog_wave_max(mc[h]);
+                    const float wc = lane < nch ? expf(mc[h] - M) : 0.f;
+                    const float Ls = kog_wave_sum(wc * lc[h]);
                     float o[DL];
 #pragma unroll
                     for (int i = 0; i < DL; ++i) o[i] = 0.f;
+#pragma unroll 8
                     for (int cc = 0; cc < nch; ++cc) {
                         const float w = kog_shfl(wc, cc);
 #pragma unroll
@@ -906,10 +975,10 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
-            stage_norm(c, xs, nullptr, emb, sl + S_ATTN_NORM, nullptr);
+            stage_norm(c, xs, nullptr, emb, sl + S_ATTN_NORM);
         } else {
             if (!wait_all(c, c.epoch)) return false;
-            stage_norm(c, xs, P->x, nullptr, sl + S_ATTN_NORM, nullptr);
+            stage_norm(c, xs, P->x, nullptr, sl + S_ATTN_NORM);
         }
         {
             const int ng = mv_ngran<MQKV>(b);
@@ -934,7 +1003,7 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
         arrive(c);
         // --- O projection + residual
         if (!wait_all(c, c.epoch)) return false;
-        stage_copy(c, xs, P->attn, QD);
+        stage_copy<QD>(c, xs, P->attn);
         MvBuf<MGU> bg;
         {
             const int ng = mv_ngran<MO>(b);
@@ -947,7 +1016,7 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
         arrive(c);
         // --- gate/up + SiLU
         if (!wait_all(c, c.epoch)) return false;
-        stage_norm(c, xs, P->x, nullptr, sl + S_MLP_NORM, nullptr);
+        stage_norm(c, xs, P->x, nullptr, sl + S_MLP_NORM);
         MvBuf<MDN> bd;
         {
             const int ng = mv_ngran<MGU>(b);
@@ -963,7 +1032,7 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
         arrive(c);
         // --- down + residual
         if (!wait_all(c, c.epoch)) return false;
-        stage_copy(c, xs, P->act, INTER);
+        stage_copy<INTER>(c, xs, P->act);
         {
             const int ng = mv_ngran<MDN>(b);
             mv_run<MDN>(bd, mv_tile<MDN>(w, wl + OFF_DN, b), xs, red, ng, warp, lane);
@@ -980,7 +1049,7 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
     int cancel = 0;
     if (b == 0 && c.tid == 0) cancel = kog_ld_sys_s32(P->host_cancel);
     if (!wait_all(c, c.epoch)) return false;
-    stage_norm(c, xs, P->x, nullptr, P->ws + S_FINAL, nullptr);
+    stage_norm(c, xs, P->x, nullptr, P->ws + S_FINAL);
     {
         const int ng = mv_ngran<MLM>(b);
         mv_run<MLM>(bl, mv_tile<MLM>(w, OFF_LMH, b), xs, red, ng, warp, lane);
@@ -1065,6 +1134,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     __shared__ float red16[NW];
     __shared__ int sint[8 + NW];
     __shared__ float xown[MO::MAXR];  // this block's rows of the residual stream
+    __shared__ int stops[MAXSTOP];
     Ctx c;
     c.P = P;
     c.b = blockIdx.x;
@@ -1080,6 +1150,9 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         return;
     }
     const bool greedy = P->greedy != 0;
+    const int n_stop = min((int)P->n_stop, MAXSTOP);
+    for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
+    __syncthreads();
     MvBuf<MQKV> bq;  // first weight tiles of the next token, loaded while the token is chosen
     mv_load<MQKV>(bq, mv_tile<MQKV>(P->w, OFF_QKV, c.b), mv_ngran<MQKV>(c.b), c.warp, c.lane);
 
@@ -1091,6 +1164,8 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     int pos = (int)P->start_pos, fed = 0, out = 0, reason = 0;
     for (int step = 0; ok; ++step) {
         int token = 0, cancel = 0;
+        c.step = step;
+        c.ev = 0;
         if (!choose_token(c, step, greedy, token, cancel)) {
             ok = false;
             break;
@@ -1098,14 +1173,14 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         if ((unsigned)token >= (unsigned)VOCAB) token = 0;  // NaN logits must not index past the table
         out = step + 1;
         if (c.b == 0 && c.tid == 0) {
-            P->host_tokens[step] = token;
+            // the host reads a slot once it is no longer -1: one store, no system fence on the
+            // critical path (block 0's next phase would wait for it)
+            kog_st_relaxed_sys_s32(P->host_tokens + step, token);
             P->tok_time[step] = kog_clock_ns();
             if (P->use_penalty) atomicOr(P->rep_bits + (token >> 5), 1u << (token & 31));
-            kog_fence_system();
-            kog_st_release_sys_s32(P->host_count, out);
         }
         bool is_stop = false;
-        for (int i = 0; i < (int)P->n_stop; ++i) is_stop |= P->stop_ids[i] == token;
+        for (int i = 0; i < n_stop; ++i) is_stop |= stops[i] == token;
         if (is_stop) reason = R_STOP;
         else if (step == (int)P->max_tokens - 1) reason = R_LENGTH;
         else if (pos + 1 >= (int)P->ctx_limit) reason = R_CONTEXT;
@@ -1141,5 +1216,7 @@ extern "C" __global__ void kog_info(long long* out) {
         out[9] = NBINS;
         out[10] = VPAD;
         out[11] = MAXCH;
+        out[12] = FLAGS;
+        out[13] = MAXSTOP;
     }
 }

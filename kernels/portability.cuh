@@ -56,6 +56,15 @@ __device__ __forceinline__ int kog_ld_relaxed_s32(const int* p) {
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
+// Four flag words in one round trip (polling many producers at once).
+__device__ __forceinline__ uint4 kog_ld_relaxed_u4(const unsigned* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
+    return v;
+}
 __device__ __forceinline__ void kog_st_release_u32(unsigned* p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -65,20 +74,17 @@ __device__ __forceinline__ int kog_ld_sys_s32(const int* p) {
     asm volatile("ld.relaxed.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
-__device__ __forceinline__ void kog_st_release_sys_s32(int* p, int v) {
-    asm volatile("st.release.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void kog_st_relaxed_sys_s32(int* p, int v) {
+    asm volatile("st.relaxed.sys.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
-__device__ __forceinline__ void kog_fence_gpu() { __threadfence(); }
 // acquire/release ordering at gpu scope: enough for flag/message passing (no total order needed)
 __device__ __forceinline__ void kog_fence_acqrel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
-__device__ __forceinline__ void kog_fence_system() { __threadfence_system(); }
 
 __device__ __forceinline__ kog_u64 kog_clock_ns() {
     kog_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
     return t;
 }
-__device__ __forceinline__ void kog_pause() { __nanosleep(20); }
 
 // ---- loads -------------------------------------------------------------------------------
 // Weights: read-only for the whole launch, streamed once per token.
@@ -89,35 +95,15 @@ __device__ __forceinline__ uint4 kog_ld_stream_u4(const uint4* p) {
         : "l"(p));
     return v;
 }
-// Data written by other blocks of this launch: bypass L1.
-__device__ __forceinline__ float kog_ldcg(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned kog_ldcg_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.global.cg.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ int kog_ldcg_s32(const int* p) {
-    int v;
-    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ kog_u64 kog_ldcg_u64(const kog_u64* p) {
-    kog_u64 v;
-    asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-    return v;
-}
-__device__ __forceinline__ uint4 kog_ldcg_u4(const uint4* p) {
-    uint4 v;
-    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p)
-                 : "memory");
-    return v;
-}
+// Data written by other blocks of this launch: bypass L1 (ld.global.cg). These are ordinary
+// loads to the compiler, so several can be in flight at once; they cannot move above an
+// acquire fence or a barrier, which are compiler memory barriers.
+__device__ __forceinline__ float kog_ldcg(const float* p) { return __ldcg(p); }
+__device__ __forceinline__ float4 kog_ldcg_f4(const float4* p) { return __ldcg(p); }
+__device__ __forceinline__ unsigned kog_ldcg_u32(const unsigned* p) { return __ldcg(p); }
+__device__ __forceinline__ int kog_ldcg_s32(const int* p) { return __ldcg(p); }
+__device__ __forceinline__ kog_u64 kog_ldcg_u64(const kog_u64* p) { return __ldcg(p); }
+__device__ __forceinline__ uint4 kog_ldcg_u4(const uint4* p) { return __ldcg(p); }
 
 // 16-byte asynchronous global -> shared copies (L2 only), completed by kog_cp_async_wait.
 __device__ __forceinline__ void kog_cp_async16(void* smem_dst, const void* gmem_src) {

@@ -43,7 +43,7 @@ WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
     "w ws kc vc rcos rsin x qkv attn part act logits keys bins hist_cnt hist_mass slot_val slot_idx "
-    "flags attn_cnt ctl status rep_bits stop_ids host_tokens host_count host_cancel tok_time"
+    "flags attn_cnt ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug_hang use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
@@ -206,6 +206,7 @@ class CudaBackend(Backend):
             "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
+            "flags": int(info[12]), "max_stop": int(info[13]),
         }
         self.smem = self.kernel_info["smem"]
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
@@ -301,21 +302,20 @@ class CudaBackend(Backend):
         self.hist_mass = cp.zeros(NBINS, dtype=cp.uint64)
         self.slot_val = f32(self.nblk)
         self.slot_idx = cp.zeros(self.nblk, dtype=cp.int32)
-        self.flags = cp.zeros(self.nblk, dtype=cp.uint32)
+        self.flags = cp.zeros(self.kernel_info["flags"], dtype=cp.uint32)
         self.attn_cnt = cp.zeros(c.num_kv_heads, dtype=cp.uint32)
         self.ctl = cp.zeros(4, dtype=cp.int32)
         self.status = cp.zeros(8, dtype=cp.int32)
         self.rep_bits = cp.zeros((V + 31) // 32, dtype=cp.uint32)
-        self.stop_ids = cp.zeros(64, dtype=cp.int32)
+        self.stop_ids = cp.zeros(self.kernel_info["max_stop"], dtype=cp.int32)
         cap = self.max_context + 1
         self.tok_time = cp.zeros(cap, dtype=cp.uint64)
         self._pin = cp.cuda.alloc_pinned_memory(4 * (cap + 16))
         pinned = np.frombuffer(self._pin, dtype=np.int32, count=cap + 16)
-        self.h_tokens = pinned[:cap]
-        self.h_count = pinned[cap : cap + 1]
+        self.h_tokens = pinned[:cap]  # -1 until the kernel writes the token
         self.h_cancel = pinned[cap + 4 : cap + 5]
         base = self._pin.ptr
-        self._p_tokens, self._p_count, self._p_cancel = base, base + 4 * cap, base + 4 * (cap + 4)
+        self._p_tokens, self._p_cancel = base, base + 4 * (cap + 4)
         self.params = cp.zeros(len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS), dtype=cp.uint64)
 
     @property
@@ -340,7 +340,7 @@ class CudaBackend(Backend):
     # ---- decode --------------------------------------------------------------------------
     def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
                      debug_hang: bool, timeout_s: float) -> None:
-        host = {"host_tokens": self._p_tokens, "host_count": self._p_count, "host_cancel": self._p_cancel}
+        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel}
         ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
         ints = {
             "start_pos": self.cached_tokens,
@@ -404,7 +404,6 @@ class CudaBackend(Backend):
             for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug_hang, watchdog_s)
-            self.h_count[0] = 0
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
             try:
@@ -417,8 +416,7 @@ class CudaBackend(Backend):
         try:
             while True:
                 kernel_done = done.done
-                n = int(self.h_count[0])
-                while emitted < n:
+                while emitted < max_tokens and self.h_tokens[emitted] >= 0:
                     yield int(self.h_tokens[emitted])
                     emitted += 1
                 if kernel_done:
