@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.random_models import build_hf, loaded_model, random_prompt  # noqa: E402
 
 VARIANTS = {"full": {}, "no-attention": {"KOG_EXP": "1"}, "no-weight-loads": {"KOG_EXP": "2"}}
-TRACE_STEP = 64
+TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
 # the events of one layer, in kernel order (greedy decoding), and what ends at each
 LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
@@ -78,6 +78,27 @@ def trace(be, prompt, layers: int) -> None:
         print(f"    {name:32s} median block {med:6.2f} us  slowest {slow:6.2f} us  critical path {crit:6.2f} us")
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
+    attention_units(be, t, layers)
+
+
+ATT_STAMPS = ("start", "inputs ready", "q/k/v prepared", "tiles done", "records published", "end")
+
+
+def attention_units(be, t, layers: int) -> None:
+    """The attention units of the middle layer, from the last block's 'qkv done' of that layer."""
+    import cupy as cp
+
+    ptr = be.mod.get_global("kog_trace_att")
+    a = cp.ndarray((be.nblk, 8), cp.uint64, ptr).get().astype(np.int64)
+    layer = layers // 2
+    qkv_done = t[1 + 8 + 9 * (layer - 1) + 1].max()
+    units = a[a[:, 0] > 0]
+    rel = (units[:, :6] - qkv_done) / 1e3
+    print(f"  attention block-units of layer {layer}: {len(units)}; stamps after the last 'qkv done' (median / max us):")
+    for k, name in enumerate(ATT_STAMPS):
+        col = rel[:, k][units[:, k] > 0]
+        if col.size:
+            print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
 
 
 def main() -> None:

@@ -6,13 +6,15 @@
 // attention over the fp32 cache -> O + residual -> RMSNorm -> packed gate/up + SiLU ->
 // down + residual), final norm, LM head, and loop. The host launches it once per generation.
 //
-// Synchronisation: every block owns one epoch flag. A block finishes a phase, then stores
-// the phase number into its flag (release). A consumer waits until the flags of the blocks
-// whose output it reads have reached that phase (acquire) -- all of them for a matrix-vector
-// product (it reads the whole input vector), only the few producers of its head's q/k/v rows
-// for attention. Flags only grow during a launch, so nothing is ever reset mid-run. Before
-// waiting, each warp issues the loads of its first weight tiles of the next phase: weights do
-// not depend on activations, so HBM keeps streaming across the synchronisation bubble.
+// Synchronisation: the short vectors that cross blocks inside a layer (x, q/k/v, attention
+// output, a short SiLU(gate)*up) travel as tagged 8-byte words (phase, value); a consumer
+// spins on exactly the words it reads until they carry the phase it expects -- the data is its
+// own flag: one round trip, no fences. A long SiLU(gate)*up (polling it would flood L2) and
+// token boundaries (LM head -> token choice) use per-block epoch flags (release store /
+// acquire poll). Phase numbers only grow during a launch, so nothing is reset mid-run.
+// Weights stream through a per-warp shared-memory ring (see "the weight ring") that runs
+// ahead across phases: they do not depend on activations, so HBM keeps streaming while a
+// phase waits for its input.
 //
 // Matrix-vector products: each block owns a contiguous range of output rows (the tensor-
 // parallel split of a later issue is the same cut one level up); within a block, 16 warps
@@ -63,14 +65,20 @@ constexpr int KVD = NKV * D;
 constexpr int NQKV = QD + 2 * KVD;
 constexpr int HALF = D / 2;
 constexpr int DL = D / KOG_WAVE;  // head dims per lane
-constexpr int MAXCH = 32;         // attention chunks per kv head at most
-constexpr int AW = 2;             // waves per block that take attention units
-constexpr int KT = D + 4;         // padded row of the shared K tile (conflict-free float4 rows)
-constexpr int ATT_WAVE = (G + 2) * D + 32 * KT + 32 * D;  // floats of shared memory per attention wave
+constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
+constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
+constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
+constexpr int ATT_FIXED = (G + 2) * D + NW * (D + 2) + 4;
+constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
+constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round
+static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
 
 static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
 static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128, 192 or 256");
 static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multiples of 8");
+// A long SiLU(gate)*up vector goes behind the flags instead: 132 blocks polling 64 KB of tagged
+// words each flood L2 (Llama shape: 5.5 us per layer tagged, 1.8 us flagged; SmolLM2: 0.8 vs 2.2).
+constexpr bool ACT_TAGGED = INTER <= 4096;
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");
@@ -110,11 +118,11 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     float* vc;
     const float* rcos;
     const float* rsin;
-    float* x;
-    float* qkv;
-    float* attn;
+    kog_u64* x;     // tagged words (phase, value): the vectors that cross blocks
+    kog_u64* qkv;
+    kog_u64* attn;
     float* part;
-    float* act;
+    kog_u64* act;   // SiLU(gate)*up: tagged words, or (ACT_TAGGED false) plain floats behind the flags
     float* logits;
     unsigned* keys;
     unsigned short* bins;
@@ -156,38 +164,12 @@ struct Mv {
     static constexpr int NUNITS = NROWS / RU;
     static constexpr int MAXR = (NUNITS + NBLK - 1) / NBLK * RU;
     __device__ static int row0(int b) { return (int)(((long long)b * NUNITS) / NBLK) * RU; }
-    __device__ static int owner(int r) {  // the block whose range holds row r
-        int u = r / RU;
-        return (int)(((long long)(u + 1) * NBLK + NUNITS - 1) / NUNITS) - 1;
-    }
 };
 using MQKV = Mv<H, NQKV, 1>;
 using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<INTER, H, 1>;
 using MLM = Mv<H, VOCAB, 1>;
-
-template <class M>
-struct MvBuf {
-    uint4 v[2][M::U];
-};
-
-template <class M>
-__device__ __forceinline__ void mv_load(MvBuf<M>& B, const uint4* __restrict__ tile, int ngran, int g0, int lane) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int g = g0 + k * NW;
-        const int row = g / M::NSEG, seg = g - row * M::NSEG;
-#pragma unroll
-        for (int i = 0; i < M::U; ++i) {
-            const int c = seg * M::SEGW + i * 32 + lane;
-            if (KOG_EXP != 2 && g < ngran && (M::FULL || c < M::KV))
-                B.v[k][i] = kog_ld_stream_u4(tile + (size_t)row * M::KV + c);
-            else
-                B.v[k][i] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    }
-}
 
 __device__ __forceinline__ float dot8(uint4 w, const float* x) {
     const float4 a = *reinterpret_cast<const float4*>(x);
@@ -201,38 +183,6 @@ __device__ __forceinline__ float dot8(uint4 w, const float* x) {
     s = fmaf(kog_bf16_lo(w.w), b.z, s);
     s = fmaf(kog_bf16_hi(w.w), b.w, s);
     return s;
-}
-
-template <class M>
-__device__ __forceinline__ void mv_compute(const MvBuf<M>& B, const float* xs, float* red, int ngran, int g0, int lane) {
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-        const int g = g0 + k * NW;
-        if (g < ngran) {  // wave-uniform
-            const int row = g / M::NSEG, seg = g - row * M::NSEG;
-            (void)row;
-            float acc = 0.f;
-#pragma unroll
-            for (int i = 0; i < M::U; ++i) {
-                const int c = seg * M::SEGW + i * 32 + lane;
-                if (M::FULL || c < M::KV) acc += dot8(B.v[k][i], xs + c * 8);
-            }
-            acc = kog_wave_sum(acc);
-            if (lane == 0) red[g] = acc;
-        }
-    }
-}
-
-// Streams the block's tile: B holds the warp's first batch (loaded before the wait).
-template <class M>
-__device__ __forceinline__ void mv_run(MvBuf<M>& B, const uint4* __restrict__ tile, const float* xs, float* red,
-                                       int ngran, int warp, int lane) {
-    for (int g0 = warp; g0 < ngran; g0 += 2 * NW) {
-        MvBuf<M> N;
-        mv_load<M>(N, tile, ngran, g0 + 2 * NW, lane);
-        mv_compute<M>(B, xs, red, ngran, g0, lane);
-        B = N;
-    }
 }
 
 template <class M>
@@ -257,12 +207,49 @@ constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
                             cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
 constexpr int MV_X = cmax(cmax(H, QD), INTER);
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
-constexpr int SM_ATTN = AW * ATT_WAVE;                             // floats
+constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 constexpr int SM_FLOATS = cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE);
-constexpr int SMEM_BYTES = SM_FLOATS * 4;
+// the weight ring lives beside that region: it streams across every phase
+constexpr int RING = 4;              // granules in flight per warp
+constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
+constexpr int SMEM_BYTES = SM_FLOATS * 4 + NW * RING * SLOT * 16;
+static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 
-struct Ctx {  // per-block state, identical copies in every thread
+// ---- the weight ring ---------------------------------------------------------------------
+// Each warp streams its granules of every matrix, in the order the forward pass consumes them
+// (per layer QKV, O, gate/up, down; then the LM head; then layer 0 of the next token), through
+// RING shared-memory slots with cp.async: RING granules stay in flight at all times, across
+// phase boundaries and waits (weights do not depend on activations), so HBM keeps streaming
+// while a phase waits for its input. Each lane copies and later reads only its own 16-byte
+// pieces, so a slot needs no barrier, only the lane's own cp.async.wait_group.
+struct Source {  // the block's tile of one matrix
+    const uint4* tile;
+    int ngran, kv, nseg, u;
+};
+template <class M>
+__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b) {
+    static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
+    return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U};
+}
+__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
+    const long long wl = (long long)layer * LSTRIDE;
+    switch (mat) {
+        case 0: return source_of<MQKV>(w, wl + OFF_QKV, b);
+        case 1: return source_of<MO>(w, wl + OFF_O, b);
+        case 2: return source_of<MGU>(w, wl + OFF_GU, b);
+        case 3: return source_of<MDN>(w, wl + OFF_DN, b);
+        default: return source_of<MLM>(w, OFF_LMH, b);
+    }
+}
+
+struct Stream {  // the next granule this warp issues, and the ring's counters
+    Source src;
+    int mat, layer, g;  // mat: 0 QKV, 1 O, 2 gate/up, 3 down, 4 LM head
+    unsigned head, tail;  // granules issued / consumed
+};
+
+struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)
     const KParams* P;
     int b, tid, lane, warp;
     unsigned epoch;
@@ -270,13 +257,83 @@ struct Ctx {  // per-block state, identical copies in every thread
     float* sm;         // dynamic region
     float* red16;      // NW floats scratch
     int* sint;         // small ints scratch
+    uint4* ring;       // this warp's RING slots
+    Stream st;
 };
+
+__device__ __forceinline__ void stream_next_matrix(Ctx& c) {  // inlined: Ctx must stay in registers
+    Stream& s = c.st;
+    if (s.mat == 4) s.mat = 0, s.layer = 0;
+    else if (s.mat == 3 && s.layer == NL - 1) s.mat = 4;
+    else if (s.mat == 3) s.mat = 0, ++s.layer;
+    else ++s.mat;
+    s.src = stream_source(s.mat, s.layer, c.P->w, c.b);
+    s.g = c.warp;
+}
+
+// Issue the warp's next granule into the slot freed last (one commit group per granule).
+__device__ __forceinline__ void ring_issue(Ctx& c) {
+    Stream& s = c.st;
+    while (s.g >= s.src.ngran) stream_next_matrix(c);  // ends: every warp has LM head granules
+    uint4* slot = c.ring + (s.head % RING) * SLOT;
+    const int row = s.g / s.src.nseg, seg = s.g - row * s.src.nseg;
+    const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
+    const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
+#pragma unroll
+    for (int i = 0; i < SLOT / KOG_WAVE; ++i)
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv)
+            kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
+    kog_cp_async_commit();
+    ++s.head;
+    s.g += NW;
+}
+
+__device__ void ring_start(Ctx& c) {
+    c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0;
+    c.st.src = stream_source(0, 0, c.P->w, c.b);
+    for (int i = 0; i < RING; ++i) ring_issue(c);
+}
+
+// The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
+// takes granules warp, warp + NW, ... from the ring, refilling it as it goes.
+template <class M>
+__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
+    const int ngran = mv_ngran<M>(c.b);
+    for (int g = c.warp; g < ngran; g += NW) {
+        kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
+        const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
+        const int row = g / M::NSEG, seg = g - row * M::NSEG;
+        (void)row;
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < M::U; ++i) {
+            const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
+            if (M::FULL || col < M::KV) acc += dot8(slot[i * KOG_WAVE + c.lane], xs + col * 8);
+        }
+        acc = kog_wave_sum(acc);
+        if (c.lane == 0) red[g] = acc;
+        ++c.st.tail;
+        ring_issue(c);
+    }
+}
 
 // ---- synchronisation ---------------------------------------------------------------------
 #ifdef KOG_TRACE  // bench/decode_breakdown.py: when every block passed each wait and arrival of step KOG_TRACE
 constexpr int TRACE_EV = 1024;
 __device__ kog_u64 kog_trace[TRACE_EV * NBLK];
 #endif
+#ifdef KOG_TRACE
+constexpr int TRACE_ATT = 8;  // stamps per attention unit of the middle layer
+__device__ kog_u64 kog_trace_att[NBLK * TRACE_ATT];
+#endif
+// lane 0 of an attention unit's wave: stamp k of unit u (middle layer of the traced step)
+__device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
+#ifdef KOG_TRACE
+    if (c.lane == 0 && c.step == KOG_TRACE && l == NL / 2) kog_trace_att[u * TRACE_ATT + k] = kog_clock_ns();
+#else
+    (void)c, (void)l, (void)u, (void)k;
+#endif
+}
 __device__ __forceinline__ void trace_event(Ctx& c) {
 #ifdef KOG_TRACE
     if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
@@ -293,17 +350,16 @@ __device__ __noinline__ void fail(const KParams* P, int code, unsigned where) {
     }
 }
 
-// One wave waits until the flags of three block ranges (empty when hi < lo) reach `target`:
-// the producers of a head's q, k and v rows, or one range. Each lane polls eight flag words
-// with two vector loads, so one round trip sees every block. Bounded: false on timeout (the
-// watchdog) or when another block has failed.
-__device__ bool wave_wait3(const Ctx& c, int a0, int a1, int b0, int b1, int c0, int c1, unsigned target) {
+// One wave waits until the flags of blocks lo..hi reach `target`. Each lane polls eight flag
+// words with two vector loads, so one round trip sees every block. Bounded: false on timeout
+// (the watchdog) or when another block has failed.
+__device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
     const KParams* P = c.P;
     unsigned mine = 0;  // which of this lane's eight flags matter
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
         const int j = (e < 4 ? 0 : 4 * KOG_WAVE - 4) + 4 * c.lane + e;
-        if (j < NBLK && ((j >= a0 && j <= a1) || (j >= b0 && j <= b1) || (j >= c0 && j <= c1))) mine |= 1u << e;
+        if (j < NBLK && j >= lo && j <= hi) mine |= 1u << e;
     }
     kog_u64 t0 = 0;
     for (int it = 0;; ++it) {
@@ -333,10 +389,6 @@ __device__ bool wave_wait3(const Ctx& c, int a0, int a1, int b0, int b1, int c0,
     return true;
 }
 
-__device__ __forceinline__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
-    return wave_wait3(c, lo, hi, 0, -1, 0, -1, target);
-}
-
 // All threads: wait for every block to finish phase `target`.
 __device__ bool wait_all(Ctx& c, unsigned target) {
     const bool ok = c.warp == 0 ? wave_wait(c, 0, NBLK - 1, target) : true;
@@ -345,7 +397,14 @@ __device__ bool wait_all(Ctx& c, unsigned target) {
     return all;
 }
 
-// All threads: this block is done with the current phase.
+// All threads: this block is done with the current phase (its outputs are tagged words).
+__device__ __forceinline__ void end_phase(Ctx& c) {
+    ++c.epoch;
+    __syncthreads();
+    trace_event(c);
+}
+
+// All threads: this block is done with the current phase, and says so in its flag.
 __device__ __forceinline__ void arrive(Ctx& c) {
     ++c.epoch;
     __syncthreads();
@@ -365,43 +424,121 @@ __device__ float block_sum(const Ctx& c, float v) {
     return s;
 }
 
-// RMSNorm of a global fp32 vector (or of an embedding row) into shared memory. Every load a
-// thread needs is issued before the first is used: one round trip, not one per element.
-__device__ void stage_norm(const Ctx& c, float* xs, const float* src, const unsigned short* emb_row, const float* w) {
-    constexpr int N4 = H / 4, NV = (N4 + NTHR - 1) / NTHR;
-    float4 v[NV], g[NV];
+// ---- tagged vectors ----------------------------------------------------------------------
+// x, qkv, attn (and a short act) cross blocks as tagged words: the producer stores (phase, value) in one
+// 8-byte word, and a consumer spins on the words it needs until each carries the phase it
+// expects. The data is its own flag: one round trip from producer to consumer, no fences.
+// Buffers are reused every layer; a word is only overwritten after every block has read it
+// (each overwrite depends, through the phases between, on every block's read).
+// True when a tagged wait that began at t0 must give up (watchdog, or another block failed).
+__device__ __noinline__ bool tagged_timeout(const KParams* P, kog_u64 t0, unsigned tag) {
+    if (kog_ld_relaxed_s32(P->status + ST_ERROR) != 0) return true;
+    if (kog_clock_ns() - t0 > (kog_u64)P->timeout_ns) {
+        fail(P, ERR_TIMEOUT, tag);
+        return true;
+    }
+    return false;
+}
+
+template <int N>
+struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (tid + k NTHR) + {0, 1}
+    static constexpr int N2 = N / 2, NV = (N2 + NTHR - 1) / NTHR;
+    static_assert(N % 2 == 0 && NV <= 32, "tagged vector size");
+    float2 v[NV];
+    __device__ static bool has(int tid, int k) { return tid + k * NTHR < N2; }
+};
+
+// Every thread: its pairs of the tagged N-vector at src, once they carry `tag` (all loads of
+// a round in flight together; a round re-reads only what was not ready). False on timeout.
+template <int N>
+__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, unsigned tag) {
+    using T = Tagged<N>;
+    unsigned pending = 0;
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int i = c.tid + k * NTHR;
-        if (i < N4) {
-            if (emb_row) {
-                const uint2 e = __ldg(reinterpret_cast<const uint2*>(emb_row) + i);
-                v[k] = make_float4(kog_bf16_lo(e.x), kog_bf16_hi(e.x), kog_bf16_lo(e.y), kog_bf16_hi(e.y));
-            } else {
-                v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + i);
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) pending |= 1u << k;
+    kog_u64 t0 = 0;
+    for (int it = 1; pending; ++it) {
+        ulonglong2 w[T::NV];
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if (((pending >> k) & 1u) && kog_tag_of(w[k].x) == tag && kog_tag_of(w[k].y) == tag) {
+                out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+                pending &= ~(1u << k);
             }
-            g[k] = __ldg(reinterpret_cast<const float4*>(w) + i);
+        if (pending && (it & 63) == 0) {
+            if (t0 == 0) t0 = kog_clock_ns();
+            else if (tagged_timeout(c.P, t0, tag)) return false;
         }
     }
+    return true;
+}
+
+// One lane: n values at src[lane + 32 i] once they carry `tag`.
+template <int n>
+__device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+    unsigned pending = (1u << n) - 1;
+    kog_u64 t0 = 0;
+    for (int it = 1; pending; ++it) {
+        kog_u64 w[n];
+#pragma unroll
+        for (int i = 0; i < n; ++i)
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + c.lane + KOG_WAVE * i);
+#pragma unroll
+        for (int i = 0; i < n; ++i)
+            if (((pending >> i) & 1u) && kog_tag_of(w[i]) == tag) {
+                v[i] = kog_value_of(w[i]);
+                pending &= ~(1u << i);
+            }
+        if (pending && (it & 63) == 0) {
+            if (t0 == 0) t0 = kog_clock_ns();
+            else if (tagged_timeout(c.P, t0, tag)) return false;
+        }
+    }
+    return true;
+}
+
+// RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory.
+__device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
+                           const float* w) {
+    using T = Tagged<H>;
+    T x;
+    bool ok = true;
+    if (emb_row) {
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if (T::has(c.tid, k)) {
+                const unsigned e = __ldg(reinterpret_cast<const unsigned*>(emb_row) + c.tid + k * NTHR);
+                x.v[k] = make_float2(kog_bf16_lo(e), kog_bf16_hi(e));
+            }
+    } else {
+        ok = gather_tagged<H>(c, x, src, tag);
+    }
+    float2 g[T::NV];
     float ss = 0.f;
 #pragma unroll
-    for (int k = 0; k < NV; ++k)
-        if (c.tid + k * NTHR < N4) ss += v[k].x * v[k].x + v[k].y * v[k].y + v[k].z * v[k].z + v[k].w * v[k].w;
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) {
+            g[k] = __ldg(reinterpret_cast<const float2*>(w) + c.tid + k * NTHR);
+            ss += x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
+        }
+    if (!__syncthreads_and(ok)) return false;
     ss = block_sum(c, ss);
     const float s = sqrtf(ss / (float)H + EPS);
 #pragma unroll
-    for (int k = 0; k < NV; ++k) {
-        const int i = c.tid + k * NTHR;
-        if (i < N4)
-            reinterpret_cast<float4*>(xs)[i] =
-                make_float4(v[k].x / s * g[k].x, v[k].y / s * g[k].y, v[k].z / s * g[k].z, v[k].w / s * g[k].w);
-    }
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k))
+            reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
     __syncthreads();
+    return true;
 }
 
-// N floats another phase wrote, into shared memory (all loads in flight at once).
+// N floats behind the flags (wait_all first) into shared memory, every load in flight at once.
 template <int N>
-__device__ void stage_copy(const Ctx& c, float* xs, const float* src) {
+__device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
     constexpr int N4 = N / 4, NV = (N4 + NTHR - 1) / NTHR;
     float4 v[NV];
 #pragma unroll
@@ -411,6 +548,18 @@ __device__ void stage_copy(const Ctx& c, float* xs, const float* src) {
     for (int k = 0; k < NV; ++k)
         if (c.tid + k * NTHR < N4) reinterpret_cast<float4*>(xs)[c.tid + k * NTHR] = v[k];
     __syncthreads();
+}
+
+// A tagged N-vector into shared memory.
+template <int N>
+__device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
+    using T = Tagged<N>;
+    T x;
+    const bool ok = gather_tagged<N>(c, x, src, tag);
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = x.v[k];
+    return __syncthreads_and(ok);
 }
 
 // ---- logits -> token ---------------------------------------------------------------------
@@ -758,49 +907,80 @@ __device__ int sample_token(const Ctx& c, int step, float smax) {
 }
 
 // ---- attention ---------------------------------------------------------------------------
-// One wave per (kv head, chunk of positions): the group's query heads against the chunk;
-// chunks of one head meet through partial (max, sum, acc) records, combined by the last one.
+// A block-unit is one kv head over a run of 32-position tiles. Inside it, warp w takes query
+// head w % G of the group and tile w / G of each round, so a tile's K/V rows are loaded into
+// shared memory once for the G heads that read them; the old tiles' loads are issued before
+// waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
+// softmax state; the warps of a head merge in shared memory, and when a kv head spans several
+// blocks their partial (max, sum, acc) records meet in global memory, merged by the last one.
+__device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
+    const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
+    tpu = (ntile + want - 1) / want;  // tiles per block-unit
+    return (ntile + tpu - 1) / tpu;   // no empty unit
+}
+
+// All threads of the block: cp.async the K/V rows of this round's tiles (older positions only).
+__device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase, const float* vbase, int tile0,
+                                               int ntiles, int L, float* tiles) {
+    const int pos = L - 1;
+    for (int q = c.tid; q < ntiles * 32 * (D / 4); q += NTHR) {
+        const int k = q / (32 * (D / 4)), rem = q - k * (32 * (D / 4));
+        const int r = rem / (D / 4), c4 = rem - r * (D / 4);
+        const int p = (tile0 + k) * 32 + r;
+        if (p < pos) {  // the new position comes from shared memory (this token's k and v)
+            float* kt = tiles + k * TILE_F;
+            kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
+            kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
+        }
+    }
+    kog_cp_async_commit();
+}
+
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int L = pos + 1;
-    const int CH = 32 * ((L + 32 * MAXCH - 1) / (32 * MAXCH));
-    const int nch = (L + CH - 1) / CH;
-    const int nunits = NKV * nch;
-    const int lane = c.lane;
-    if (c.warp >= AW) return true;
-    float* qs = c.sm + c.warp * ATT_WAVE;
-    float* ks = qs + G * D;
+    const int L = pos + 1, ntile = (L + 31) / 32;
+    int tpu;
+    const int nbc = att_units_per_head(ntile, tpu);
+    if (c.b >= NKV * nbc) return true;  // block-uniform: this block has no unit
+    const int u = c.b, g = u / nbc, bc = u - g * nbc;
+    const int t0 = bc * tpu, t1 = min(ntile, t0 + tpu);
+    const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
+    const int lane = c.lane, warp = c.warp;
+    const int hq = warp % G, kslot = warp / G;  // this warp's query head and tile slot
+    trace_att(c, l, u, 0);
+
+    float* qs = c.sm;          // [G][D] roped queries
+    float* ks = qs + G * D;    // [D] this token's k (roped), v
     float* vs = ks + D;
-    float* kt = vs + D;        // [32][KT] K rows of the current tile
-    float* vt = kt + 32 * KT;  // [32][D]  V rows
-    const float* wl = P->ws + (long long)l * SSTRIDE;
-    const float* cs = P->rcos + (long long)pos * HALF;
-    const float* sn = P->rsin + (long long)pos * HALF;
-    for (int u = c.b + NBLK * c.warp; u < nunits; u += NBLK * AW) {
-        const int g = u / nch, ch = u - g * nch;
-        const bool last = ch == nch - 1;
-        // wait for the blocks that produce this head's q, k, v rows
-        const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
-        if (!wave_wait3(c, MQKV::owner(q0), MQKV::owner(q0 + G * D - 1), MQKV::owner(k0), MQKV::owner(k0 + D - 1),
-                        MQKV::owner(v0), MQKV::owner(v0 + D - 1), epoch_qkv))
-            return false;
+    float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
+    float* tiles = rec + NW * (D + 2);  // [TBR] x {K [32][KT], V [32][D]}
+    int* flag = reinterpret_cast<int*>(tiles + TBR * TILE_F);
+    const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
+    float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
+    float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
+    att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, tiles);
 
-        // every q/k/v value and RoPE factor this wave needs, loaded in one round trip
-        float qv[G][DL], kv[DL], vv[DL], co[DL / 2], si[DL / 2];
+    // this token's q/k/v, straight from the tagged words the QKV phase wrote
+    const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
+    bool ok = true;
+    if (warp < G || (has_new && warp < G + 2)) {  // warp h < G: query head h; G: k; G + 1: v
+        const int row0 = warp < G ? q0 + warp * D : (warp == G ? k0 : v0);
+        float v[DL], co[DL / 2], si[DL / 2];
+        ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
+        trace_att(c, l, u, 1);
 #pragma unroll
-        for (int h = 0; h < G; ++h)
+        for (int i = 0; i < DL / 2; ++i)
+            co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
+            si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
+        if (warp == G + 1) {
 #pragma unroll
-            for (int i = 0; i < DL; ++i) qv[h][i] = kog_ldcg(P->qkv + q0 + h * D + lane + 32 * i);
-#pragma unroll
-        for (int i = 0; i < DL; ++i) {
-            kv[i] = last ? kog_ldcg(P->qkv + k0 + lane + 32 * i) : 0.f;
-            vv[i] = last ? kog_ldcg(P->qkv + v0 + lane + 32 * i) : 0.f;
-        }
-#pragma unroll
-        for (int i = 0; i < DL / 2; ++i) co[i] = __ldg(cs + lane + 32 * i), si[i] = __ldg(sn + lane + 32 * i);
-
-        auto prep = [&](float (&v)[DL], const float* normw, float* out) {  // (norm) + RoPE of one head
+            for (int i = 0; i < DL; ++i) {
+                vs[lane + 32 * i] = v[i];
+                vbase[(long long)pos * D + lane + 32 * i] = v[i];
+            }
+        } else {
 #if KOG_QK_NORM
+            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < G ? S_QNORM : S_KNORM);
             float ss = 0.f;
 #pragma unroll
             for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
@@ -808,9 +988,8 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             const float rn = sqrtf(ss / (float)D + EPS);
 #pragma unroll
             for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
-#else
-            (void)normw;
 #endif
+            float* out = warp < G ? qs + warp * D : ks;
 #pragma unroll
             for (int i = 0; i < DL / 2; ++i) {
                 const int d = lane + 32 * i;
@@ -818,171 +997,164 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                 out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
                 out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
             }
-        };
-#pragma unroll
-        for (int h = 0; h < G; ++h) prep(qv[h], wl + S_QNORM, qs + h * D);
-        const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
-        float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
-        float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
-        if (last) {
-            prep(kv, wl + S_KNORM, ks);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) vs[lane + 32 * i] = vv[i];
-            kog_wave_sync();
-#pragma unroll
-            for (int i = 0; i < DL; ++i) {
-                kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
-                vbase[(long long)pos * D + lane + 32 * i] = vs[lane + 32 * i];
-            }
-        }
-        kog_wave_sync();
-
-        float m[G], lsum[G], acc[G][DL];
-#pragma unroll
-        for (int h = 0; h < G; ++h) {
-            m[h] = -KOG_INF, lsum[h] = 0.f;
-#pragma unroll
-            for (int i = 0; i < DL; ++i) acc[h][i] = 0.f;
-        }
-        const int p0 = ch * CH, p1 = KOG_EXP == 1 ? p0 : min(L, p0 + CH);
-        for (int base = p0; base < p1; base += 32) {
-            const int nv = min(32, p1 - base);
-            // the whole tile in one round trip: K and V rows are contiguous in the cache
-            for (int q = lane; q < nv * (D / 4); q += 32) {
-                const int r = q / (D / 4), c4 = q - r * (D / 4);
-                kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)(base + r) * D + 4 * c4);
-                kog_cp_async16(vt + r * D + 4 * c4, vbase + (long long)(base + r) * D + 4 * c4);
-            }
-            kog_cp_async_wait();
-            kog_wave_sync();
-            if (pos >= base && pos < base + nv) {  // the new row: take this wave's own copy
-#pragma unroll
-                for (int i = 0; i < DL; ++i) {
-                    kt[(pos - base) * KT + lane + 32 * i] = ks[lane + 32 * i];
-                    vt[(pos - base) * D + lane + 32 * i] = vs[lane + 32 * i];
-                }
+            if (warp == G) {
                 kog_wave_sync();
-            }
-            const bool valid = lane < nv;
-            float s[G];
 #pragma unroll
-            for (int h = 0; h < G; ++h) s[h] = 0.f;
+                for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
+            }
+        }
+    }
+    if (!__syncthreads_and(ok)) return false;
+    trace_att(c, l, u, 2);
+
+    float m = -KOG_INF, lsum = 0.f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; ++i) acc[i] = 0.f;
+    const float* q = qs + hq * D;
+    for (int r0 = t0; r0 < t1; r0 += TBR) {
+        if (r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, tiles);
+        kog_cp_async_wait_all();
+        __syncthreads();
+        const int tile = r0 + kslot;
+        if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
+            const int base = tile * 32, nv = min(32, L - base);
+            const float* kt = tiles + kslot * TILE_F;
+            const float* vt = kt + 32 * KT;
+            const bool valid = lane < nv;
+            const float* kp = base + lane == pos ? ks : kt + lane * KT;
+            float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
             if (valid) {
-                const float* kp = kt + lane * KT;
-#pragma unroll 8
+#pragma unroll
                 for (int d4 = 0; d4 < D / 4; ++d4) {
                     const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
-#pragma unroll
-                    for (int h = 0; h < G; ++h) {
-                        const float4 qv = *reinterpret_cast<const float4*>(qs + h * D + 4 * d4);
-                        s[h] = fmaf(kv.x, qv.x, s[h]);
-                        s[h] = fmaf(kv.y, qv.y, s[h]);
-                        s[h] = fmaf(kv.z, qv.z, s[h]);
-                        s[h] = fmaf(kv.w, qv.w, s[h]);
-                    }
+                    const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
+                    s4[d4 & 3] = fmaf(kv.x, qv.x, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.y, qv.y, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.z, qv.z, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.w, qv.w, s4[d4 & 3]);
                 }
             }
-            float pe[G];
+            const float sv = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * SCALE : -KOG_INF;
+            const float mn = fmaxf(m, kog_wave_max(sv));
+            const float corr = expf(m - mn);
+            const float pe = valid ? expf(sv - mn) : 0.f;
+            lsum = lsum * corr + kog_wave_sum(pe);
 #pragma unroll
-            for (int h = 0; h < G; ++h) {
-                const float sv = valid ? s[h] * SCALE : -KOG_INF;
-                const float mn = fmaxf(m[h], kog_wave_max(sv));
-                const float corr = expf(m[h] - mn);
-                pe[h] = valid ? expf(sv - mn) : 0.f;
-                lsum[h] = lsum[h] * corr + kog_wave_sum(pe[h]);
+            for (int i = 0; i < DL; ++i) acc[i] *= corr;
+            m = mn;
+            const int jnew = pos - base;  // the new position's row (when in this tile) is in vs
 #pragma unroll
-                for (int i = 0; i < DL; ++i) acc[h][i] *= corr;
-                m[h] = mn;
-            }
-            for (int j = 0; j < nv; ++j) {
-                float vv[DL];
+            for (int j = 0; j < 32; ++j) {  // unrolled: the shuffles overlap
+                const float w = kog_shfl(pe, j);
+                if (j < nv) {
+                    const float* vrow = j == jnew ? vs : vt + j * D;
 #pragma unroll
-                for (int i = 0; i < DL; ++i) vv[i] = vt[j * D + lane + 32 * i];
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float w = kog_shfl(pe[h], j);
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) acc[h][i] = fmaf(w, vv[i], acc[h][i]);
+                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(w, vrow[lane + 32 * i], acc[i]);
                 }
-            }
-            kog_wave_sync();  // the tile buffers are refilled next iteration
-        }
-        if (nch == 1) {
-#pragma unroll
-            for (int h = 0; h < G; ++h)
-#pragma unroll
-                for (int i = 0; i < DL; ++i) P->attn[(g * G + h) * D + lane + 32 * i] = acc[h][i] / lsum[h];
-        } else {
-            float* pr = P->part + ((long long)(g * MAXCH + ch) * G) * (D + 2);
-#pragma unroll
-            for (int h = 0; h < G; ++h) {
-#pragma unroll
-                for (int i = 0; i < DL; ++i) pr[h * (D + 2) + lane + 32 * i] = acc[h][i];
-                if (lane == 0) pr[h * (D + 2) + D] = m[h], pr[h * (D + 2) + D + 1] = lsum[h];
-            }
-            kog_fence_acqrel();
-            kog_wave_sync();
-            unsigned old = 0;
-            if (lane == 0) old = atomicAdd(P->attn_cnt + g, 1u);
-            old = kog_shfl(old, 0);
-            if (old == (unsigned)(nch - 1)) {  // the last chunk of this head combines them all
-                kog_fence_acqrel();
-                const float* pg = P->part + ((long long)(g * MAXCH) * G) * (D + 2);
-                const long long cs_ = (long long)G * (D + 2);  // one chunk's records
-                float mc[G], lc[G];  // lane = chunk: every chunk's (max, sum) in one round trip
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    mc[h] = lane < nch ? kog_ldcg(pg + lane * cs_ + h * (D + 2) + D) : -KOG_INF;
-                    lc[h] = lane < nch ? kog_ldcg(pg + lane * cs_ + h * (D + 2) + D + 1) : 0.f;
-                }
-#pragma unroll
-                for (int h = 0; h < G; ++h) {
-                    const float* ph = pg + h * (D + 2);
-                    const float M = kog_wave_max(mc[h]);
-                    const float wc = lane < nch ? expf(mc[h] - M) : 0.f;
-                    const float Ls = kog_wave_sum(wc * lc[h]);
-                    float o[DL];
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) o[i] = 0.f;
-#pragma unroll 8
-                    for (int cc = 0; cc < nch; ++cc) {
-                        const float w = kog_shfl(wc, cc);
-#pragma unroll
-                        for (int i = 0; i < DL; ++i) o[i] = fmaf(w, kog_ldcg(ph + cc * cs_ + lane + 32 * i), o[i]);
-                    }
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) P->attn[(g * G + h) * D + lane + 32 * i] = o[i] / Ls;
-                }
-                if (lane == 0) P->attn_cnt[g] = 0;
             }
         }
-        kog_wave_sync();
+        __syncthreads();  // the tile buffers are refilled next round
     }
+    trace_att(c, l, u, 3);
+
+    // merge the warps of each head (fixed order: deterministic)
+#pragma unroll
+    for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
+    if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
+    __syncthreads();
+    constexpr int SLOTS = NW / G;  // warps per head
+    if (warp < G) {
+        const float mw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D] : -KOG_INF;
+        const float lw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D + 1] : 0.f;
+        const float M = kog_wave_max(mw);
+        const float wc = lane < SLOTS && mw > -KOG_INF ? expf(mw - M) : 0.f;
+        const float Ls = kog_wave_sum(wc * lw);
+        float o[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < SLOTS; ++j) {
+            const float w = kog_shfl(wc, j);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * G + warp) * (D + 2) + lane + 32 * i], o[i]);
+        }
+        if (nbc == 1) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        } else {
+            float* pr = P->part + ((long long)(g * MAXCH + bc) * G + warp) * (D + 2);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) pr[lane + 32 * i] = o[i];
+            if (lane == 0) pr[D] = M, pr[D + 1] = Ls;
+        }
+    }
+    if (nbc == 1) {
+        trace_att(c, l, u, 5);
+        return true;
+    }
+    // several blocks per kv head: the last to publish merges every block's record
+    __syncthreads();
+    if (c.tid == 0) {
+        kog_fence_acqrel();  // release the block's records (ordered before by the barrier)
+        *flag = atomicAdd(P->attn_cnt + g, 1u) == (unsigned)(nbc - 1);
+        if (*flag) kog_fence_acqrel();  // acquire the other blocks' records
+    }
+    __syncthreads();
+    trace_att(c, l, u, 4);
+    if (*flag && warp < G) {
+        const float* ph = P->part + ((long long)(g * MAXCH) * G + warp) * (D + 2);
+        constexpr long long CS = (long long)G * (D + 2);  // one block-unit's records
+        float o[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        float M = -KOG_INF, Ls = 0.f;
+        for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {  // lane = block-unit, a wave of them at a time
+            const int j = j0 + lane;
+            const float mj = j < nbc ? kog_ldcg(ph + j * CS + D) : -KOG_INF;
+            const float lj = j < nbc ? kog_ldcg(ph + j * CS + D + 1) : 0.f;
+            const float Mn = fmaxf(M, kog_wave_max(mj));
+            const float corr = expf(M - Mn);
+            const float wj = j < nbc ? expf(mj - Mn) : 0.f;
+            Ls = Ls * corr + kog_wave_sum(wj * lj);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] *= corr;
+            const int n = min(KOG_WAVE, nbc - j0);
+#pragma unroll 8
+            for (int jj = 0; jj < n; ++jj) {
+                const float w = kog_shfl(wj, jj);
+#pragma unroll
+                for (int i = 0; i < DL; ++i) o[i] = fmaf(w, kog_ldcg(ph + (j0 + jj) * CS + lane + 32 * i), o[i]);
+            }
+            M = Mn;
+        }
+#pragma unroll
+        for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        if (warp == 0 && lane == 0) P->attn_cnt[g] = 0;
+    }
+    trace_att(c, l, u, 5);
     return true;
 }
 
 // ---- one token through the model ---------------------------------------------------------
-__device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy, float* xown) {
+__device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
     float* red = c.sm + MV_X;
-    const int b = c.b, warp = c.warp, lane = c.lane;
+    const int b = c.b;
     const unsigned short* w = P->w;
     for (int l = 0; l < NL; ++l) {
-        const long long wl = (long long)l * LSTRIDE;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
-            stage_norm(c, xs, nullptr, emb, sl + S_ATTN_NORM);
+            stage_norm(c, xs, nullptr, 0, emb, sl + S_ATTN_NORM);
         } else {
-            if (!wait_all(c, c.epoch)) return false;
-            stage_norm(c, xs, P->x, nullptr, sl + S_ATTN_NORM);
+            if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_ATTN_NORM)) return false;
+            trace_event(c);
         }
         {
-            const int ng = mv_ngran<MQKV>(b);
-            mv_run<MQKV>(bq, mv_tile<MQKV>(w, wl + OFF_QKV, b), xs, red, ng, warp, lane);
+            mv_run<MQKV>(c, xs, red);
             __syncthreads();
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
             for (int r = c.tid; r < nr; r += NTHR) {
@@ -990,70 +1162,70 @@ __device__ bool forward(Ctx& c, int token, int pos, MvBuf<MQKV>& bq, bool greedy
 #if KOG_QKV_BIAS
                 v += sl[S_BQKV + r0 + r];
 #endif
-                P->qkv[r0 + r] = v;
+                kog_st_tagged(P->qkv + r0 + r, v, c.epoch + 1);
             }
         }
-        arrive(c);
+        end_phase(c);
         const unsigned e_qkv = c.epoch;
-        // --- attention (waits only for its own head's producers)
+        // --- attention (reads only its own kv head's q/k/v)
         const bool att_ok = attention(c, l, pos, e_qkv);
-        MvBuf<MO> bo;
-        mv_load<MO>(bo, mv_tile<MO>(w, wl + OFF_O, b), mv_ngran<MO>(b), warp, lane);
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
-        arrive(c);
+        end_phase(c);
         // --- O projection + residual
-        if (!wait_all(c, c.epoch)) return false;
-        stage_copy<QD>(c, xs, P->attn);
-        MvBuf<MGU> bg;
+        if (!stage_copy<QD>(c, xs, P->attn, c.epoch)) return false;
+        trace_event(c);
         {
-            const int ng = mv_ngran<MO>(b);
-            mv_run<MO>(bo, mv_tile<MO>(w, wl + OFF_O, b), xs, red, ng, warp, lane);
-            mv_load<MGU>(bg, mv_tile<MGU>(w, wl + OFF_GU, b), mv_ngran<MGU>(b), warp, lane);
+            mv_run<MO>(c, xs, red);
             __syncthreads();
             const int r0 = MO::row0(b), nr = MO::row0(b + 1) - r0;
-            for (int r = c.tid; r < nr; r += NTHR) P->x[r0 + r] = xown[r] = xown[r] + mv_result<MO>(red, r);
+            for (int r = c.tid; r < nr; r += NTHR) {
+                xown[r] += mv_result<MO>(red, r);
+                kog_st_tagged(P->x + r0 + r, xown[r], c.epoch + 1);
+            }
         }
-        arrive(c);
+        end_phase(c);
         // --- gate/up + SiLU
-        if (!wait_all(c, c.epoch)) return false;
-        stage_norm(c, xs, P->x, nullptr, sl + S_MLP_NORM);
-        MvBuf<MDN> bd;
+        if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM)) return false;
+        trace_event(c);
         {
-            const int ng = mv_ngran<MGU>(b);
-            mv_run<MGU>(bg, mv_tile<MGU>(w, wl + OFF_GU, b), xs, red, ng, warp, lane);
-            mv_load<MDN>(bd, mv_tile<MDN>(w, wl + OFF_DN, b), mv_ngran<MDN>(b), warp, lane);
+            mv_run<MGU>(c, xs, red);
             __syncthreads();
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
             for (int j = c.tid; j < np; j += NTHR) {
                 const float gt = mv_result<MGU>(red, 2 * j), up = mv_result<MGU>(red, 2 * j + 1);
-                P->act[r0 / 2 + j] = gt / (1.0f + expf(-gt)) * up;
+                const float a = gt / (1.0f + expf(-gt)) * up;
+                if (ACT_TAGGED) kog_st_tagged(P->act + r0 / 2 + j, a, c.epoch + 1);
+                else reinterpret_cast<float*>(P->act)[r0 / 2 + j] = a;
             }
         }
-        arrive(c);
+        if (ACT_TAGGED) end_phase(c);
+        else arrive(c);
         // --- down + residual
-        if (!wait_all(c, c.epoch)) return false;
-        stage_copy<INTER>(c, xs, P->act);
+        if (ACT_TAGGED) {
+            if (!stage_copy<INTER>(c, xs, P->act, c.epoch)) return false;
+            trace_event(c);
+        } else {
+            if (!wait_all(c, c.epoch)) return false;
+            stage_copy_plain<INTER>(c, xs, reinterpret_cast<const float*>(P->act));
+        }
         {
-            const int ng = mv_ngran<MDN>(b);
-            mv_run<MDN>(bd, mv_tile<MDN>(w, wl + OFF_DN, b), xs, red, ng, warp, lane);
-            if (l + 1 < NL) mv_load<MQKV>(bq, mv_tile<MQKV>(w, wl + LSTRIDE + OFF_QKV, b), mv_ngran<MQKV>(b), warp, lane);
+            mv_run<MDN>(c, xs, red);
             __syncthreads();
             const int r0 = MDN::row0(b), nr = MDN::row0(b + 1) - r0;
-            for (int r = c.tid; r < nr; r += NTHR) P->x[r0 + r] = xown[r] = xown[r] + mv_result<MDN>(red, r);
+            for (int r = c.tid; r < nr; r += NTHR) {
+                xown[r] += mv_result<MDN>(red, r);
+                kog_st_tagged(P->x + r0 + r, xown[r], c.epoch + 1);
+            }
         }
-        arrive(c);
+        end_phase(c);
     }
     // --- final norm + LM head (+ per-block argmax / sampling keys)
-    MvBuf<MLM> bl;
-    mv_load<MLM>(bl, mv_tile<MLM>(w, OFF_LMH, b), mv_ngran<MLM>(b), warp, lane);
     int cancel = 0;
     if (b == 0 && c.tid == 0) cancel = kog_ld_sys_s32(P->host_cancel);
-    if (!wait_all(c, c.epoch)) return false;
-    stage_norm(c, xs, P->x, nullptr, P->ws + S_FINAL);
+    if (!stage_norm(c, xs, P->x, c.epoch, nullptr, P->ws + S_FINAL)) return false;
+    trace_event(c);
     {
-        const int ng = mv_ngran<MLM>(b);
-        mv_run<MLM>(bl, mv_tile<MLM>(w, OFF_LMH, b), xs, red, ng, warp, lane);
-        mv_load<MQKV>(bq, mv_tile<MQKV>(w, OFF_QKV, b), mv_ngran<MQKV>(b), warp, lane);
+        mv_run<MLM>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
         Best best = {-KOG_INF, 0x7fffffff};
@@ -1153,8 +1325,8 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     __syncthreads();
-    MvBuf<MQKV> bq;  // first weight tiles of the next token, loaded while the token is chosen
-    mv_load<MQKV>(bq, mv_tile<MQKV>(P->w, OFF_QKV, c.b), mv_ngran<MQKV>(c.b), c.warp, c.lane);
+    c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
+    ring_start(c);  // the first token's weights stream while it is chosen
 
     bool ok = true;
     if (P->debug_hang && c.b == 0) {  // test knob: wait for a flag that never comes
@@ -1186,7 +1358,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         else if (pos + 1 >= (int)P->ctx_limit) reason = R_CONTEXT;
         else if (cancel) reason = R_CANCEL;
         if (reason) break;
-        if (!forward(c, token, pos, bq, greedy, xown)) {
+        if (!forward(c, token, pos, greedy, xown)) {
             ok = false;
             break;
         }
@@ -1199,6 +1371,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         P->status[ST_REASON] = reason;
         if (!ok) atomicCAS(P->status + ST_ERROR, 0, 2);
     }
+    kog_cp_async_wait_all();  // the ring's last prefetches land before the block exits
 }
 
 // Constants the host checks against its own layout before trusting a binary.

@@ -65,6 +65,24 @@ __device__ __forceinline__ uint4 kog_ld_relaxed_u4(const unsigned* p) {
                  : "memory");
     return v;
 }
+// Self-validating 8-byte words: (tag << 32) | value bits, written and read whole (an aligned
+// 8-byte access is single-copy atomic), so a consumer polls the data itself: no flag, no fence.
+__device__ __forceinline__ void kog_st_tagged(kog_u64* p, float v, unsigned tag) {
+    const kog_u64 w = ((kog_u64)tag << 32) | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(w) : "memory");
+}
+__device__ __forceinline__ kog_u64 kog_ld_tagged(const kog_u64* p) {
+    kog_u64 v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ ulonglong2 kog_ld_tagged2(const kog_u64* p) {  // two adjacent words, 16-byte aligned
+    ulonglong2 v;
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
+    return v;
+}
+__device__ __forceinline__ unsigned kog_tag_of(kog_u64 w) { return (unsigned)(w >> 32); }
+__device__ __forceinline__ float kog_value_of(kog_u64 w) { return __uint_as_float((unsigned)w); }
 __device__ __forceinline__ void kog_st_release_u32(unsigned* p, unsigned v) {
     asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
@@ -110,6 +128,10 @@ __device__ __forceinline__ void kog_cp_async16(void* smem_dst, const void* gmem_
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
+__device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void kog_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
+template <int N>  // until at most N of this thread's newest commit groups are still in flight
+__device__ __forceinline__ void kog_cp_async_wait_pending() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 __device__ __forceinline__ void kog_cp_async_wait() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }

@@ -171,9 +171,11 @@ def test_prefill_in_two_parts_matches_one_pass(model):
           f"V {_rel(gpu.vc[:, :, :n].get(), vc):.2e}; one pass vs CPU {_rel(whole, cref):.2e}")
     assert gpu.cached_tokens == n
     assert np.isfinite(parts).all()
-    assert _rel(parts, whole) < 1e-5
-    assert _rel(gpu.kc[:, :, :n].get(), kc) < 1e-5
-    assert _rel(gpu.vc[:, :, :n].get(), vc) < 1e-5
+    # cuBLAS may pick other kernels (another summation order) for other row counts: the two
+    # passes agree to fp32 rounding, not bit for bit (1.2e-5 seen on the Qwen2.5 shape)
+    assert _rel(parts, whole) < 1e-4
+    assert _rel(gpu.kc[:, :, :n].get(), kc) < 1e-4
+    assert _rel(gpu.vc[:, :, :n].get(), vc) < 1e-4
     assert _rel(whole, cref) < 1e-4
 
 
@@ -186,7 +188,7 @@ def test_decode_step_matches(model):
     assert gpu.cached_tokens == PROMPT + 1
     step = gpu.logits.get()
     ref = _hf_logits(hf, prompt + toks[:1], PROMPT)[0]
-    x = gpu.x.get()
+    x = (gpu.x.get() & 0xFFFFFFFF).astype(np.uint32).view(np.float32)  # tagged words: the value half
     with torch.no_grad():
         hs = hf(torch.tensor([prompt + toks[:1]], device="cuda"), output_hidden_states=True).hidden_states
     cands = {f"hidden[{i}]": hs[i][0, -1].float().cpu().numpy() for i in (-2, -1)}

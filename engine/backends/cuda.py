@@ -36,7 +36,6 @@ from engine.sampling import SamplingParams
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 NTHR = 512  # threads per block of the monokernel (kernels/decode.cu: NTHR)
 NBINS = 1024
-MAXCH = 32
 POLL_S = 50e-6  # host polling interval for new tokens
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
 
@@ -212,9 +211,9 @@ class CudaBackend(Backend):
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
         k, lay = self.kernel_info, self.lay
-        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, NTHR, self.nblk, NBINS, MAXCH)
+        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, NTHR, self.nblk, NBINS)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
-                  k["nthr"], k["nblk"], k["nbins"], k["maxch"])
+                  k["nthr"], k["nblk"], k["nbins"])
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
         try:
@@ -292,9 +291,11 @@ class CudaBackend(Backend):
         V = c.vocab_size
         vpad = (V + 7) // 8 * 8
         f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
-        self.x, self.qkv, self.attn = f32(c.hidden_size), f32(lay.nqkv), f32(lay.qd)
-        self.part = f32(c.num_kv_heads * MAXCH * g * (c.head_dim + 2))
-        self.act = f32(c.intermediate_size)
+        # tagged words (phase << 32 | fp32 bits) of the vectors that cross blocks; zeroed per launch
+        tagged = lambda n: cp.zeros(n, dtype=cp.uint64)  # noqa: E731
+        self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
+        self.part = f32(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
+        self.act = tagged(c.intermediate_size)  # or plain fp32 in its first half (kernel: ACT_TAGGED)
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
@@ -401,7 +402,8 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
-            for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass):
+            for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x,
+                      self.qkv, self.attn, self.act):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug_hang, watchdog_s)
             self.h_cancel[0] = 0
@@ -449,9 +451,11 @@ class CudaBackend(Backend):
 
     def poison(self) -> None:
         """Tests: NaN-fill every scratch buffer and the cache past `cached_tokens`, so that
-        anything the kernel reads before writing it shows up in the results."""
+        anything the kernel reads before writing it shows up in the results. (The tagged
+        vectors need none: zeroed at launch, a word nobody wrote never carries a phase, and a
+        read of one ends in the watchdog's error.)"""
         with self.device, self.stream:
-            for a in (self.x, self.qkv, self.attn, self.part, self.act, self.slot_val):
+            for a in (self.part, self.slot_val):
                 a.fill(np.nan)
             self.keys.fill(0xFFFFFFFF)
             self.slot_idx.fill(-1)

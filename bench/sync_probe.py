@@ -1,0 +1,153 @@
+"""Latency probes for the monokernel's building blocks on the current GPU (timing only).
+
+Prints, in nanoseconds: a block barrier; a barrier right after issuing global loads that are
+still in flight (does bar.sync wait for them?) and after cp.async copies still in flight; an
+L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
+acquire/release fence with and without stores in flight.
+
+    python bench/sync_probe.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v; asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v; }
+
+// out[0]: barrier alone; out[1]: barrier with loads in flight; out[2]: barrier with cp.async in flight
+extern "C" __global__ void probe_barrier(const uint4* __restrict__ big, u64* out, unsigned* sink) {
+    __shared__ __align__(16) uint4 buf[512 * 4];
+    const int t = threadIdx.x;
+    const size_t base = (size_t)blockIdx.x * 512 * 64 + t;
+    u64 a = 0, b = 0, c = 0;
+    unsigned acc = 0;
+    for (int rep = 0; rep < 16; ++rep) {
+        const size_t off = base + (size_t)rep * gridDim.x * 512 * 64;
+        __syncthreads();
+        u64 t0 = now();
+        __syncthreads();
+        u64 t1 = now();
+        a += t1 - t0;
+        uint4 v[4];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) v[i] = ld_stream(big + off + i * 512);
+        u64 t2 = now();
+        __syncthreads();
+        u64 t3 = now();
+        b += t3 - t2;
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) acc += v[i].x ^ v[i].w;
+        __syncthreads();
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            unsigned d = (unsigned)__cvta_generic_to_shared(buf + t * 4 + i);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(big + off + 16 * 512 + i * 512) : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        u64 t4 = now();
+        __syncthreads();
+        u64 t5 = now();
+        c += t5 - t4;
+        asm volatile("cp.async.wait_group 0;" ::: "memory");
+        __syncthreads();
+        acc += buf[t * 4].x;
+    }
+    if (acc == 0x12345678u) sink[0] = acc;
+    if (t == 0 && blockIdx.x == 0) { out[0] = a / 16; out[1] = b / 16; out[2] = c / 16; }
+}
+
+// pointer chase over an L2-resident ring: out[0] = ns per dependent load
+extern "C" __global__ void probe_l2(const unsigned* ring, int n, u64* out) {
+    unsigned i = 0;
+    for (int k = 0; k < 256; ++k) i = __ldcg(ring + i);  // warm
+    u64 t0 = now();
+    for (int k = 0; k < 4096; ++k) i = __ldcg(ring + i);
+    u64 t1 = now();
+    out[0] = (t1 - t0) / 4096;
+    out[1] = i;
+}
+
+// two blocks hand a flag back and forth: out[0] = ns per one-way hand-over
+extern "C" __global__ void probe_pingpong(unsigned* flags, u64* out, int far) {
+    if (threadIdx.x != 0) return;
+    const int me = blockIdx.x;
+    unsigned* mine = flags + (me ? far : 0);
+    unsigned* other = flags + (me ? 0 : far);
+    u64 t0 = now();
+    for (unsigned r = 1; r <= 2000; ++r) {
+        if (me == 0) {
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(mine), "r"(r) : "memory");
+            unsigned v; do { asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(other) : "memory"); } while (v < r);
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        } else {
+            unsigned v; do { asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(other) : "memory"); } while (v < r);
+            asm volatile("fence.acq_rel.gpu;" ::: "memory");
+            asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(mine), "r"(r) : "memory");
+        }
+    }
+    u64 t1 = now();
+    if (me == 0) out[0] = (t1 - t0) / 4000;
+}
+
+// fence.acq_rel.gpu cost: out[0] alone, out[1] after 8 stores per thread
+extern "C" __global__ void probe_fence(float* scratch, u64* out) {
+    u64 a = 0, b = 0;
+    for (int rep = 0; rep < 64; ++rep) {
+        u64 t0 = now();
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        u64 t1 = now();
+        #pragma unroll
+        for (int i = 0; i < 8; ++i) scratch[(size_t)blockIdx.x * 4096 + threadIdx.x + i * 512] = (float)rep;
+        u64 t2 = now();
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        u64 t3 = now();
+        a += t1 - t0;
+        b += t3 - t2;
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = a / 64; out[1] = b / 64; }
+}
+"""
+
+
+def main() -> None:
+    import cupy as cp
+
+    mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
+    nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    out = cp.zeros(8, dtype=cp.uint64)
+    big = cp.zeros((nsm * 512 * 64 * 17 + 4096) * 4, dtype=cp.uint32)
+    sink = cp.zeros(1, dtype=cp.uint32)
+    for _ in range(2):
+        mod.get_function("probe_barrier")((nsm,), (512,), (big, out, sink))
+    cp.cuda.Device().synchronize()
+    o = out.get()
+    print(f"barrier alone {o[0]} ns; with 4x16B global loads in flight {o[1]} ns; with cp.async in flight {o[2]} ns")
+    n = 1 << 16  # 256 KB ring: L2-resident
+    perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
+    ring = np.empty(n, np.uint32)
+    ring[perm] = np.roll(perm, -1)
+    ring = cp.asarray(ring)
+    for _ in range(2):
+        mod.get_function("probe_l2")((1,), (1,), (ring, np.int32(n), out))
+    cp.cuda.Device().synchronize()
+    print(f"L2-hit dependent load {out.get()[0]} ns")
+    flags = cp.zeros(4096, dtype=cp.uint32)
+    for far in (32, 2048):
+        flags.fill(0)
+        mod.get_function("probe_pingpong")((2,), (32,), (flags, out, np.int32(far)))
+        cp.cuda.Device().synchronize()
+        print(f"flag hand-over one way (flags {far * 4} B apart) {out.get()[0]} ns")
+    scratch = cp.zeros(nsm * 4096, dtype=cp.float32)
+    mod.get_function("probe_fence")((nsm,), (512,), (scratch, out))
+    cp.cuda.Device().synchronize()
+    o = out.get()
+    print(f"fence.acq_rel.gpu alone {o[0]} ns; after 8 stores per thread {o[1]} ns")
+
+
+if __name__ == "__main__":
+    main()
