@@ -1,13 +1,14 @@
 """Where a decoded token's time goes.
 
 Two views of the monokernel on random-init models at real shapes (timing only):
-- stages left out: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math
-  on zeros: what remains is synchronisation and per-phase overhead);
+- variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
+  zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
+  without the L2 evict-first hint; KOG_RING=3 keeps 3 granules in flight per warp, not 4;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready).
 
-    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--no-variants]
+    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint]
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.random_models import build_hf, loaded_model, random_prompt  # noqa: E402
 
-VARIANTS = {"full": {}, "no-attention": {"KOG_EXP": "1"}, "no-weight-loads": {"KOG_EXP": "2"}}
+VARIANTS = {
+    "full": {},
+    "no-attention": {"KOG_EXP": "1"},
+    "no-weight-loads": {"KOG_EXP": "2"},
+    "no-L2-hint": {"KOG_EXP": "3"},
+    "ring-3": {"KOG_RING": "3"},
+}
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
 # the events of one layer, in kernel order (greedy decoding), and what ends at each
@@ -104,7 +111,7 @@ def attention_units(be, t, layers: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
-    ap.add_argument("--no-variants", action="store_true", help="the trace only")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
     args = ap.parse_args()
     import torch
 
@@ -121,7 +128,8 @@ def main() -> None:
         line = [f"traced build {r:.0f} tok/s ({1e6 / r:.0f} us/token)"]
         trace(be, prompt, lm.config.num_layers)
         be.close()
-        for label, defines in ({} if args.no_variants else VARIANTS).items():
+        for label in filter(None, args.variants.split(",")):
+            defines = VARIANTS[label]
             be = CudaBackend(lm, 512, defines=defines)
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")

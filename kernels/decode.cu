@@ -27,8 +27,11 @@
 // Shapes are compile-time constants (NVRTC compiles one binary per model shape and grid).
 #include "portability.cuh"
 
-#ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight loads
-#define KOG_EXP 0
+#ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
+#define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint
+#endif
+#ifndef KOG_RING  // weight granules in flight per warp (2 KB each)
+#define KOG_RING 4
 #endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
@@ -211,7 +214,7 @@ constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 constexpr int SM_FLOATS = cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE);
 // the weight ring lives beside that region: it streams across every phase
-constexpr int RING = 4;              // granules in flight per warp
+constexpr int RING = KOG_RING;       // granules in flight per warp
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + NW * RING * SLOT * 16;
 static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
@@ -258,6 +261,7 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     float* red16;      // NW floats scratch
     int* sint;         // small ints scratch
     uint4* ring;       // this warp's RING slots
+    kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
 };
 
@@ -281,14 +285,17 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
 #pragma unroll
     for (int i = 0; i < SLOT / KOG_WAVE; ++i)
-        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv)
-            kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv) {
+            if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
+            else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
+        }
     kog_cp_async_commit();
     ++s.head;
     s.g += NW;
 }
 
 __device__ void ring_start(Ctx& c) {
+    c.l2_policy = kog_l2_evict_first();
     c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0;
     c.st.src = stream_source(0, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);

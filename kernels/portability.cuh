@@ -6,7 +6,9 @@
 //   - memory-model primitives: relaxed/acquire loads, release stores, gpu- and system-scope
 //     fences (the flags between blocks and the token stream to host-mapped memory)
 //   - a nanosecond clock for watchdogs and token timestamps
-//   - streaming 16-byte loads for weights (read once per token: do not pollute L1)
+//   - 16-byte asynchronous copies global -> shared (the weight ring, attention tiles), the
+//     weights' marked evict-first in L2 (read once per token: they must not push out the KV
+//     cache and the vectors blocks hand each other)
 //   - L2-only ("cache global") loads for data other blocks wrote during this launch: L1 is
 //     not coherent across multiprocessors, so a plain load could hit a stale line
 // No standard headers: NVRTC compiles this without a host toolchain.
@@ -33,11 +35,6 @@ __device__ __forceinline__ float kog_wave_max(float v) {
     for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(KOG_FULL_MASK, v, m));
     return v;
 }
-__device__ __forceinline__ unsigned kog_wave_max_u32(unsigned v) {
-#pragma unroll
-    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v = max(v, __shfl_xor_sync(KOG_FULL_MASK, v, m));
-    return v;
-}
 template <typename T>
 __device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FULL_MASK, v, src); }
 template <typename T>
@@ -46,11 +43,6 @@ __device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FUL
 __device__ __forceinline__ void kog_wave_sync() { __syncwarp(); }
 
 // ---- memory model ------------------------------------------------------------------------
-__device__ __forceinline__ unsigned kog_ld_relaxed_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
 __device__ __forceinline__ int kog_ld_relaxed_s32(const int* p) {
     int v;
     asm volatile("ld.relaxed.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -105,14 +97,6 @@ __device__ __forceinline__ kog_u64 kog_clock_ns() {
 }
 
 // ---- loads -------------------------------------------------------------------------------
-// Weights: read-only for the whole launch, streamed once per token.
-__device__ __forceinline__ uint4 kog_ld_stream_u4(const uint4* p) {
-    uint4 v;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-        : "l"(p));
-    return v;
-}
 // Data written by other blocks of this launch: bypass L1 (ld.global.cg). These are ordinary
 // loads to the compiler, so several can be in flight at once; they cannot move above an
 // acquire fence or a barrier, which are compiler memory barriers.
@@ -127,6 +111,17 @@ __device__ __forceinline__ uint4 kog_ldcg_u4(const uint4* p) { return __ldcg(p);
 __device__ __forceinline__ void kog_cp_async16(void* smem_dst, const void* gmem_src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
+}
+// The same, marked evict-first in L2 (policy from kog_l2_evict_first).
+__device__ __forceinline__ void kog_cp_async16_evict_first(void* smem_dst, const void* gmem_src, kog_u64 policy) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem_src), "l"(policy)
+                 : "memory");
+}
+__device__ __forceinline__ kog_u64 kog_l2_evict_first() {
+    kog_u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
 }
 __device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void kog_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
