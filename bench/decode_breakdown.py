@@ -88,7 +88,9 @@ def trace(be, prompt, layers: int) -> None:
     attention_units(be, t, layers)
 
 
-ATT_STAMPS = ("start", "inputs ready", "q/k/v prepared", "tiles done", "records published", "end")
+# kernels/decode.cu trace_att stamps, in the order they happen (the last round's, for 6 and 7)
+ATT_STAMPS = ((0, "start"), (1, "inputs ready"), (2, "q/k/v prepared"), (6, "round: tiles in place"),
+              (7, "round: math done"), (3, "tiles done"), (4, "records published"), (5, "end"))
 
 
 def attention_units(be, t, layers: int) -> None:
@@ -100,9 +102,9 @@ def attention_units(be, t, layers: int) -> None:
     layer = layers // 2
     qkv_done = t[1 + 8 + 9 * (layer - 1) + 1].max()
     units = a[a[:, 0] > 0]
-    rel = (units[:, :6] - qkv_done) / 1e3
+    rel = (units - qkv_done) / 1e3
     print(f"  attention block-units of layer {layer}: {len(units)}; stamps after the last 'qkv done' (median / max us):")
-    for k, name in enumerate(ATT_STAMPS):
+    for k, name in ATT_STAMPS:
         col = rel[:, k][units[:, k] > 0]
         if col.size:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")

@@ -1022,6 +1022,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         if (r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, tiles);
         kog_cp_async_wait_all();
         __syncthreads();
+        trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
         if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
             const int base = tile * 32, nv = min(32, L - base);
@@ -1060,6 +1061,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                 }
             }
         }
+        trace_att(c, l, u, 7);
         __syncthreads();  // the tile buffers are refilled next round
     }
     trace_att(c, l, u, 3);
