@@ -85,10 +85,10 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str) -> Path:
     from cupy_backends.cuda.libs import nvrtc
 
     src = (KERNEL_DIR / source).read_text()
-    header = (KERNEL_DIR / "portability.cuh").read_text()
+    headers = [p.read_text() for p in sorted(KERNEL_DIR.glob("*.cuh"))]  # what the source may include
     opts = [f"-arch=sm_{arch}", "-std=c++17", f"--include-path={KERNEL_DIR}"]
     opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
-    key = hashlib.sha256("\0".join([src, header, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:24]
+    key = hashlib.sha256("\0".join([src, *headers, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:24]
     folder = cache_dir() / "kernels"
     path = folder / f"{Path(source).stem}-sm{arch}-{key}.cubin"
     if path.exists():

@@ -1,0 +1,234 @@
+// Part of the decode monokernel (kernels/decode.cu): attention over the KV cache.
+// Included by decode.cu after decode_common.cuh (the shape constants and Ctx); not standalone.
+#pragma once
+
+// ---- attention ---------------------------------------------------------------------------
+// A block-unit is one kv head over a run of 32-position tiles. Inside it, warp w takes query
+// head w % G of the group and tile w / G of each round, so a tile's K/V rows are loaded into
+// shared memory once for the G heads that read them; the old tiles' loads are issued before
+// waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
+// softmax state; the warps of a head merge in shared memory, and when a kv head spans several
+// blocks their partial (max, sum, acc) records meet in global memory, merged by the last one.
+__device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
+    const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
+    tpu = (ntile + want - 1) / want;  // tiles per block-unit
+    return (ntile + tpu - 1) / tpu;   // no empty unit
+}
+
+// All threads of the block: cp.async the K/V rows of this round's tiles (older positions only).
+__device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase, const float* vbase, int tile0,
+                                               int ntiles, int L, float* tiles) {
+    const int pos = L - 1;
+    for (int q = c.tid; q < ntiles * 32 * (D / 4); q += NTHR) {
+        const int k = q / (32 * (D / 4)), rem = q - k * (32 * (D / 4));
+        const int r = rem / (D / 4), c4 = rem - r * (D / 4);
+        const int p = (tile0 + k) * 32 + r;
+        if (p < pos) {  // the new position comes from shared memory (this token's k and v)
+            float* kt = tiles + k * TILE_F;
+            kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
+            kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
+        }
+    }
+    kog_cp_async_commit();
+}
+
+__device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
+    const KParams* P = c.P;
+    const int L = pos + 1, ntile = (L + 31) / 32;
+    int tpu;
+    const int nbc = att_units_per_head(ntile, tpu);
+    if (c.b >= NKV * nbc) return true;  // block-uniform: this block has no unit
+    const int u = c.b, g = u / nbc, bc = u - g * nbc;
+    const int t0 = bc * tpu, t1 = min(ntile, t0 + tpu);
+    const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
+    const int lane = c.lane, warp = c.warp;
+    const int hq = warp % G, kslot = warp / G;  // this warp's query head and tile slot
+    trace_att(c, l, u, 0);
+
+    float* qs = c.sm;          // [G][D] roped queries
+    float* ks = qs + G * D;    // [D] this token's k (roped), v
+    float* vs = ks + D;
+    float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
+    float* tiles = rec + NW * (D + 2);  // [TBR] x {K [32][KT], V [32][D]}
+    int* flag = reinterpret_cast<int*>(tiles + TBR * TILE_F);
+    const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
+    float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
+    float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
+    att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, tiles);
+
+    // this token's q/k/v, straight from the tagged words the QKV phase wrote
+    const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
+    bool ok = true;
+    if (warp < G || (has_new && warp < G + 2)) {  // warp h < G: query head h; G: k; G + 1: v
+        const int row0 = warp < G ? q0 + warp * D : (warp == G ? k0 : v0);
+        float v[DL], co[DL / 2], si[DL / 2];
+        ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
+        trace_att(c, l, u, 1);
+#pragma unroll
+        for (int i = 0; i < DL / 2; ++i)
+            co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
+            si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
+        if (warp == G + 1) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) {
+                vs[lane + 32 * i] = v[i];
+                vbase[(long long)pos * D + lane + 32 * i] = v[i];
+            }
+        } else {
+#if KOG_QK_NORM
+            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < G ? S_QNORM : S_KNORM);
+            float ss = 0.f;
+#pragma unroll
+            for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
+            ss = kog_wave_sum(ss);
+            const float rn = sqrtf(ss / (float)D + EPS);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
+#endif
+            float* out = warp < G ? qs + warp * D : ks;
+#pragma unroll
+            for (int i = 0; i < DL / 2; ++i) {
+                const int d = lane + 32 * i;
+                const float x1 = v[i], x2 = v[i + DL / 2];
+                out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
+                out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
+            }
+            if (warp == G) {
+                kog_wave_sync();
+#pragma unroll
+                for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
+            }
+        }
+    }
+    if (!__syncthreads_and(ok)) return false;
+    trace_att(c, l, u, 2);
+
+    float m = -KOG_INF, lsum = 0.f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; ++i) acc[i] = 0.f;
+    const float* q = qs + hq * D;
+    for (int r0 = t0; r0 < t1; r0 += TBR) {
+        if (r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, tiles);
+        kog_cp_async_wait_all();
+        __syncthreads();
+        trace_att(c, l, u, 6);
+        const int tile = r0 + kslot;
+        if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
+            const int base = tile * 32, nv = min(32, L - base);
+            const float* kt = tiles + kslot * TILE_F;
+            const float* vt = kt + 32 * KT;
+            const bool valid = lane < nv;
+            const float* kp = base + lane == pos ? ks : kt + lane * KT;
+            float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
+            if (valid) {
+#pragma unroll
+                for (int d4 = 0; d4 < D / 4; ++d4) {
+                    const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
+                    const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
+                    s4[d4 & 3] = fmaf(kv.x, qv.x, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.y, qv.y, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.z, qv.z, s4[d4 & 3]);
+                    s4[d4 & 3] = fmaf(kv.w, qv.w, s4[d4 & 3]);
+                }
+            }
+            const float sv = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * SCALE : -KOG_INF;
+            const float mn = fmaxf(m, kog_wave_max(sv));
+            const float corr = expf(m - mn);
+            const float pe = valid ? expf(sv - mn) : 0.f;
+            lsum = lsum * corr + kog_wave_sum(pe);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) acc[i] *= corr;
+            m = mn;
+            const int jnew = pos - base;  // the new position's row (when in this tile) is in vs
+#pragma unroll
+            for (int j = 0; j < 32; ++j) {  // unrolled: the shuffles overlap
+                const float w = kog_shfl(pe, j);
+                if (j < nv) {
+                    const float* vrow = j == jnew ? vs : vt + j * D;
+#pragma unroll
+                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(w, vrow[lane + 32 * i], acc[i]);
+                }
+            }
+        }
+        trace_att(c, l, u, 7);
+        __syncthreads();  // the tile buffers are refilled next round
+    }
+    trace_att(c, l, u, 3);
+
+    // merge the warps of each head (fixed order: deterministic)
+#pragma unroll
+    for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
+    if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
+    __syncthreads();
+    constexpr int SLOTS = NW / G;  // warps per head
+    if (warp < G) {
+        const float mw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D] : -KOG_INF;
+        const float lw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D + 1] : 0.f;
+        const float M = kog_wave_max(mw);
+        const float wc = lane < SLOTS && mw > -KOG_INF ? expf(mw - M) : 0.f;
+        const float Ls = kog_wave_sum(wc * lw);
+        float o[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+#pragma unroll
+        for (int j = 0; j < SLOTS; ++j) {
+            const float w = kog_shfl(wc, j);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * G + warp) * (D + 2) + lane + 32 * i], o[i]);
+        }
+        if (nbc == 1) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        } else {
+            float* pr = P->part + ((long long)(g * MAXCH + bc) * G + warp) * (D + 2);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) pr[lane + 32 * i] = o[i];
+            if (lane == 0) pr[D] = M, pr[D + 1] = Ls;
+        }
+    }
+    if (nbc == 1) {
+        trace_att(c, l, u, 5);
+        return true;
+    }
+    // several blocks per kv head: the last to publish merges every block's record
+    __syncthreads();
+    if (c.tid == 0) {
+        kog_fence_acqrel();  // release the block's records (ordered before by the barrier)
+        *flag = atomicAdd(P->attn_cnt + g, 1u) == (unsigned)(nbc - 1);
+        if (*flag) kog_fence_acqrel();  // acquire the other blocks' records
+    }
+    __syncthreads();
+    trace_att(c, l, u, 4);
+    if (*flag && warp < G) {
+        const float* ph = P->part + ((long long)(g * MAXCH) * G + warp) * (D + 2);
+        constexpr long long CS = (long long)G * (D + 2);  // one block-unit's records
+        float o[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        float M = -KOG_INF, Ls = 0.f;
+        for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {  // lane = block-unit, a wave of them at a time
+            const int j = j0 + lane;
+            const float mj = j < nbc ? kog_ldcg(ph + j * CS + D) : -KOG_INF;
+            const float lj = j < nbc ? kog_ldcg(ph + j * CS + D + 1) : 0.f;
+            const float Mn = fmaxf(M, kog_wave_max(mj));
+            const float corr = expf(M - Mn);
+            const float wj = j < nbc ? expf(mj - Mn) : 0.f;
+            Ls = Ls * corr + kog_wave_sum(wj * lj);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] *= corr;
+            const int n = min(KOG_WAVE, nbc - j0);
+#pragma unroll 8
+            for (int jj = 0; jj < n; ++jj) {
+                const float w = kog_shfl(wj, jj);
+#pragma unroll
+                for (int i = 0; i < DL; ++i) o[i] = fmaf(w, kog_ldcg(ph + (j0 + jj) * CS + lane + 32 * i), o[i]);
+            }
+            M = Mn;
+        }
+#pragma unroll
+        for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        if (warp == 0 && lane == 0) P->attn_cnt[g] = 0;
+    }
+    trace_att(c, l, u, 5);
+    return true;
+}

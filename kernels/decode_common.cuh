@@ -1,0 +1,236 @@
+// Part of the decode monokernel (kernels/decode.cu): the shape as compile-time constants, the
+// weight layout, the parameter block, the shared-memory plan and the per-block context.
+#pragma once
+#include "portability.cuh"
+
+#ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
+#define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint
+#endif
+#ifndef KOG_RING  // weight granules in flight per warp (2 KB each)
+#define KOG_RING 4
+#endif
+#ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
+#define KOG_H 2048
+#define KOG_NH 32
+#define KOG_NKV 8
+#define KOG_D 64
+#define KOG_INTER 8192
+#define KOG_VOCAB 128256
+#define KOG_NL 16
+#define KOG_QKV_BIAS 0
+#define KOG_QK_NORM 0
+#define KOG_EPS 9.999999747378752e-06f
+#define KOG_SCALE 0.125f
+#define KOG_NBLK 132
+#define KOG_TIED 1
+#endif
+
+constexpr int H = KOG_H;
+constexpr int NH = KOG_NH;
+constexpr int NKV = KOG_NKV;
+constexpr int D = KOG_D;
+constexpr int INTER = KOG_INTER;
+constexpr int VOCAB = KOG_VOCAB;
+constexpr int NL = KOG_NL;
+constexpr int NBLK = KOG_NBLK;
+constexpr float EPS = KOG_EPS;
+constexpr float SCALE = KOG_SCALE;
+
+constexpr int NTHR = 512;
+constexpr int NW = NTHR / KOG_WAVE;
+constexpr int G = NH / NKV;  // query heads per kv head
+constexpr int QD = NH * D;
+constexpr int KVD = NKV * D;
+constexpr int NQKV = QD + 2 * KVD;
+constexpr int HALF = D / 2;
+constexpr int DL = D / KOG_WAVE;  // head dims per lane
+constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
+constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
+constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
+constexpr int ATT_FIXED = (G + 2) * D + NW * (D + 2) + 4;
+constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
+constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round
+static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
+
+static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
+static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128, 192 or 256");
+static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multiples of 8");
+// A long SiLU(gate)*up vector goes behind the flags instead: 132 blocks polling 64 KB of tagged
+// words each flood L2 (Llama shape: 5.5 us per layer tagged, 1.8 us flagged; SmolLM2: 0.8 vs 2.2).
+constexpr bool ACT_TAGGED = INTER <= 4096;
+constexpr int MAXSTOP = 64;         // stop ids at most
+constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
+static_assert(NBLK <= FLAGS, "one flag word per block");
+
+// ---- weight layout (bf16 elements); engine/backends/cuda.py mirrors these formulas ----------
+constexpr long long OFF_QKV = 0;
+constexpr long long OFF_O = OFF_QKV + (long long)NQKV * H;
+constexpr long long OFF_GU = OFF_O + (long long)H * QD;  // gate/up rows interleaved: 2j gate, 2j+1 up
+constexpr long long OFF_DN = OFF_GU + 2LL * INTER * H;
+constexpr long long LSTRIDE = OFF_DN + (long long)H * INTER;
+constexpr long long OFF_EMB = (long long)NL * LSTRIDE;
+constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * H;
+// small fp32 vectors per layer
+constexpr int S_ATTN_NORM = 0;
+constexpr int S_MLP_NORM = H;
+constexpr int S_BQKV = 2 * H;
+constexpr int S_QNORM = S_BQKV + NQKV;
+constexpr int S_KNORM = S_QNORM + D;
+constexpr int SSTRIDE = S_KNORM + D;
+constexpr int S_FINAL = NL * SSTRIDE;
+
+// ---- sampler -----------------------------------------------------------------------------
+constexpr int NBINS = 1024;  // probability bins: 16 per octave of p/p_max, 64 octaves
+constexpr int CAP = 8192;    // candidates sorted at once
+constexpr int VPAD = (VOCAB + 7) / 8 * 8;
+constexpr float FIX = 1099511627776.0f;  // 2^40: probabilities as exact-sum fixed point
+
+// ---- status words ------------------------------------------------------------------------
+enum { ST_ERROR = 0, ST_OUT = 1, ST_FED = 2, ST_REASON = 3, ST_APPROX = 4, ST_WHERE = 5, ST_BLOCK = 6 };
+enum { ERR_TIMEOUT = 1, ERR_BAD_ARGS = 3 };
+enum { R_STOP = 1, R_LENGTH = 2, R_CONTEXT = 3, R_CANCEL = 4 };
+
+struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in this order
+    const unsigned short* w;
+    const float* ws;
+    float* kc;
+    float* vc;
+    const float* rcos;
+    const float* rsin;
+    kog_u64* x;     // tagged words (phase, value): the vectors that cross blocks
+    kog_u64* qkv;
+    kog_u64* attn;
+    float* part;
+    kog_u64* act;   // SiLU(gate)*up: tagged words, or (ACT_TAGGED false) plain floats behind the flags
+    float* logits;
+    unsigned* keys;
+    unsigned short* bins;
+    unsigned* hist_cnt;
+    kog_u64* hist_mass;
+    float* slot_val;
+    int* slot_idx;
+    unsigned* flags;
+    unsigned* attn_cnt;
+    int* ctl;
+    int* status;
+    unsigned* rep_bits;
+    const int* stop_ids;
+    int* host_tokens;
+    const int* host_cancel;
+    kog_u64* tok_time;
+    long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug_hang,
+        use_penalty;
+    double temperature, top_p, min_p, penalty;
+};
+
+// ---- matrix-vector products --------------------------------------------------------------
+__host__ __device__ constexpr int pick_u(int kv) {  // 16-byte vectors per lane per granule: least padding, then widest
+    int best = 4, waste = 1 << 30;
+    for (int u = 4; u >= 2; --u) {
+        int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;
+        if (w < waste) { waste = w; best = u; }
+    }
+    return kv < 64 ? (kv + 31) / 32 : best;
+}
+
+template <int K, int NROWS, int RU>
+struct Mv {
+    static constexpr int KV = K / 8;  // 16-byte vectors per row
+    static constexpr int U = pick_u(KV);
+    static constexpr int SEGW = 32 * U;
+    static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
+    static constexpr bool FULL = KV % SEGW == 0;
+    static constexpr int NUNITS = NROWS / RU;
+    static constexpr int MAXR = (NUNITS + NBLK - 1) / NBLK * RU;
+    __device__ static int row0(int b) { return (int)(((long long)b * NUNITS) / NBLK) * RU; }
+};
+using MQKV = Mv<H, NQKV, 1>;
+using MO = Mv<QD, H, 1>;
+using MGU = Mv<H, 2 * INTER, 2>;
+using MDN = Mv<INTER, H, 1>;
+using MLM = Mv<H, VOCAB, 1>;
+
+__device__ __forceinline__ float dot8(uint4 w, const float* x) {
+    const float4 a = *reinterpret_cast<const float4*>(x);
+    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+    float s = kog_bf16_lo(w.x) * a.x;
+    s = fmaf(kog_bf16_hi(w.x), a.y, s);
+    s = fmaf(kog_bf16_lo(w.y), a.z, s);
+    s = fmaf(kog_bf16_hi(w.y), a.w, s);
+    s = fmaf(kog_bf16_lo(w.z), b.x, s);
+    s = fmaf(kog_bf16_hi(w.z), b.y, s);
+    s = fmaf(kog_bf16_lo(w.w), b.z, s);
+    s = fmaf(kog_bf16_hi(w.w), b.w, s);
+    return s;
+}
+
+template <class M>
+__device__ __forceinline__ const uint4* mv_tile(const unsigned short* w, long long off, int b) {
+    return reinterpret_cast<const uint4*>(w + off + (long long)M::row0(b) * (M::KV * 8));
+}
+template <class M>
+__device__ __forceinline__ int mv_ngran(int b) {
+    return (M::row0(b + 1) - M::row0(b)) * M::NSEG;
+}
+template <class M>
+__device__ __forceinline__ float mv_result(const float* red, int r) {  // row r of the block, fixed order
+    float s = red[r * M::NSEG];
+#pragma unroll
+    for (int j = 1; j < M::NSEG; ++j) s += red[r * M::NSEG + j];
+    return s;
+}
+
+// ---- shared memory plan (phases never overlap, so they share one region) ------------------
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
+                            cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
+constexpr int MV_X = cmax(cmax(H, QD), INTER);
+constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
+constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
+constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
+constexpr int SM_FLOATS = cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE);
+// the weight ring lives beside that region: it streams across every phase
+constexpr int RING = KOG_RING;       // granules in flight per warp
+constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
+constexpr int SMEM_BYTES = SM_FLOATS * 4 + NW * RING * SLOT * 16;
+static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
+
+// The weight ring's state (the ring itself: decode_ring.cuh).
+struct Source {  // the block's tile of one matrix
+    const uint4* tile;
+    int ngran, kv, nseg, u;
+};
+template <class M>
+__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b) {
+    static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
+    return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U};
+}
+__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
+    const long long wl = (long long)layer * LSTRIDE;
+    switch (mat) {
+        case 0: return source_of<MQKV>(w, wl + OFF_QKV, b);
+        case 1: return source_of<MO>(w, wl + OFF_O, b);
+        case 2: return source_of<MGU>(w, wl + OFF_GU, b);
+        case 3: return source_of<MDN>(w, wl + OFF_DN, b);
+        default: return source_of<MLM>(w, OFF_LMH, b);
+    }
+}
+
+struct Stream {  // the next granule this warp issues, and the ring's counters
+    Source src;
+    int mat, layer, g;  // mat: 0 QKV, 1 O, 2 gate/up, 3 down, 4 LM head
+    unsigned head, tail;  // granules issued / consumed
+};
+
+struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)
+    const KParams* P;
+    int b, tid, lane, warp;
+    unsigned epoch;
+    int step, ev;      // token step; synchronisation events so far in this step (tracing)
+    float* sm;         // dynamic region
+    float* red16;      // NW floats scratch
+    int* sint;         // small ints scratch
+    uint4* ring;       // this warp's RING slots
+    kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
+    Stream st;
+};

@@ -1,0 +1,69 @@
+// Part of the decode monokernel (kernels/decode.cu): the weight ring and the matrix-vector products it feeds.
+// Included by decode.cu after decode_common.cuh (the shape constants and Ctx); not standalone.
+#pragma once
+
+// ---- the weight ring ---------------------------------------------------------------------
+// Each warp streams its granules of every matrix, in the order the forward pass consumes them
+// (per layer QKV, O, gate/up, down; then the LM head; then layer 0 of the next token), through
+// RING shared-memory slots with cp.async: RING granules stay in flight at all times, across
+// phase boundaries and waits (weights do not depend on activations), so HBM keeps streaming
+// while a phase waits for its input. Each lane copies and later reads only its own 16-byte
+// pieces, so a slot needs no barrier, only the lane's own cp.async.wait_group.
+__device__ __forceinline__ void stream_next_matrix(Ctx& c) {  // inlined: Ctx must stay in registers
+    Stream& s = c.st;
+    if (s.mat == 4) s.mat = 0, s.layer = 0;
+    else if (s.mat == 3 && s.layer == NL - 1) s.mat = 4;
+    else if (s.mat == 3) s.mat = 0, ++s.layer;
+    else ++s.mat;
+    s.src = stream_source(s.mat, s.layer, c.P->w, c.b);
+    s.g = c.warp;
+}
+
+// Issue the warp's next granule into the slot freed last (one commit group per granule).
+__device__ __forceinline__ void ring_issue(Ctx& c) {
+    Stream& s = c.st;
+    while (s.g >= s.src.ngran) stream_next_matrix(c);  // ends: every warp has LM head granules
+    uint4* slot = c.ring + (s.head % RING) * SLOT;
+    const int row = s.g / s.src.nseg, seg = s.g - row * s.src.nseg;
+    const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
+    const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
+#pragma unroll
+    for (int i = 0; i < SLOT / KOG_WAVE; ++i)
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv) {
+            if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
+            else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
+        }
+    kog_cp_async_commit();
+    ++s.head;
+    s.g += NW;
+}
+
+__device__ void ring_start(Ctx& c) {
+    c.l2_policy = kog_l2_evict_first();
+    c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0;
+    c.st.src = stream_source(0, 0, c.P->w, c.b);
+    for (int i = 0; i < RING; ++i) ring_issue(c);
+}
+
+// The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
+// takes granules warp, warp + NW, ... from the ring, refilling it as it goes.
+template <class M>
+__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
+    const int ngran = mv_ngran<M>(c.b);
+    for (int g = c.warp; g < ngran; g += NW) {
+        kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
+        const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
+        const int row = g / M::NSEG, seg = g - row * M::NSEG;
+        (void)row;
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < M::U; ++i) {
+            const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
+            if (M::FULL || col < M::KV) acc += dot8(slot[i * KOG_WAVE + c.lane], xs + col * 8);
+        }
+        acc = kog_wave_sum(acc);
+        if (c.lane == 0) red[g] = acc;
+        ++c.st.tail;
+        ring_issue(c);
+    }
+}

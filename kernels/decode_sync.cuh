@@ -1,0 +1,248 @@
+// Part of the decode monokernel (kernels/decode.cu): synchronisation between blocks (flags, tagged words), tracing, staging of input vectors.
+// Included by decode.cu after decode_common.cuh (the shape constants and Ctx); not standalone.
+#pragma once
+
+// ---- synchronisation ---------------------------------------------------------------------
+#ifdef KOG_TRACE  // bench/decode_breakdown.py: when every block passed each wait and arrival of step KOG_TRACE
+constexpr int TRACE_EV = 1024;
+__device__ kog_u64 kog_trace[TRACE_EV * NBLK];
+#endif
+#ifdef KOG_TRACE
+constexpr int TRACE_ATT = 8;  // stamps per attention unit of the middle layer
+__device__ kog_u64 kog_trace_att[NBLK * TRACE_ATT];
+#endif
+// lane 0 of an attention unit's wave: stamp k of unit u (middle layer of the traced step)
+__device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
+#ifdef KOG_TRACE
+    if (c.lane == 0 && c.step == KOG_TRACE && l == NL / 2) kog_trace_att[u * TRACE_ATT + k] = kog_clock_ns();
+#else
+    (void)c, (void)l, (void)u, (void)k;
+#endif
+}
+__device__ __forceinline__ void trace_event(Ctx& c) {
+#ifdef KOG_TRACE
+    if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
+    ++c.ev;
+#else
+    (void)c;
+#endif
+}
+
+__device__ __noinline__ void fail(const KParams* P, int code, unsigned where) {
+    if (atomicCAS(P->status + ST_ERROR, 0, code) == 0) {
+        P->status[ST_WHERE] = (int)where;
+        P->status[ST_BLOCK] = blockIdx.x;
+    }
+}
+
+// One wave waits until the flags of blocks lo..hi reach `target`. Each lane polls eight flag
+// words with two vector loads, so one round trip sees every block. Bounded: false on timeout
+// (the watchdog) or when another block has failed.
+__device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
+    const KParams* P = c.P;
+    unsigned mine = 0;  // which of this lane's eight flags matter
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+        const int j = (e < 4 ? 0 : 4 * KOG_WAVE - 4) + 4 * c.lane + e;
+        if (j < NBLK && j >= lo && j <= hi) mine |= 1u << e;
+    }
+    kog_u64 t0 = 0;
+    for (int it = 0;; ++it) {
+        const uint4 f = kog_ld_relaxed_u4(P->flags + 4 * c.lane);
+        const uint4 h = NBLK > 4 * KOG_WAVE ? kog_ld_relaxed_u4(P->flags + 4 * KOG_WAVE + 4 * c.lane) : f;
+        const unsigned v[8] = {f.x, f.y, f.z, f.w, h.x, h.y, h.z, h.w};
+        bool ok = true;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) ok &= !((mine >> e) & 1u) || v[e] >= target;
+        if (kog_wave_all(ok)) break;
+        if ((it & 31) == 31) {
+            int bad = 0;
+            if (c.lane == 0) {
+                const kog_u64 now = kog_clock_ns();
+                if (t0 == 0) t0 = now;
+                if (kog_ld_relaxed_s32(P->status + ST_ERROR) != 0) bad = 2;
+                else if (now - t0 > (kog_u64)P->timeout_ns) bad = 1;
+            }
+            bad = kog_shfl(bad, 0);
+            if (bad) {
+                if (bad == 1 && c.lane == 0) fail(P, ERR_TIMEOUT, target);
+                return false;
+            }
+        }
+    }
+    kog_fence_acqrel();  // acquire: what the producers wrote before their flags is visible now
+    return true;
+}
+
+// All threads: wait for every block to finish phase `target`.
+__device__ bool wait_all(Ctx& c, unsigned target) {
+    const bool ok = c.warp == 0 ? wave_wait(c, 0, NBLK - 1, target) : true;
+    const bool all = __syncthreads_and(ok);
+    trace_event(c);
+    return all;
+}
+
+// All threads: this block is done with the current phase (its outputs are tagged words).
+__device__ __forceinline__ void end_phase(Ctx& c) {
+    ++c.epoch;
+    __syncthreads();
+    trace_event(c);
+}
+
+// All threads: this block is done with the current phase, and says so in its flag.
+__device__ __forceinline__ void arrive(Ctx& c) {
+    ++c.epoch;
+    __syncthreads();
+    trace_event(c);
+    if (c.tid == 0) kog_st_release_u32(c.P->flags + c.b, c.epoch);  // release covers the block (bar.sync)
+}
+
+// ---- block reductions --------------------------------------------------------------------
+__device__ float block_sum(const Ctx& c, float v) {
+    v = kog_wave_sum(v);
+    if (c.lane == 0) c.red16[c.warp] = v;
+    __syncthreads();
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) s += c.red16[i];
+    __syncthreads();
+    return s;
+}
+
+// ---- tagged vectors ----------------------------------------------------------------------
+// x, qkv, attn (and a short act) cross blocks as tagged words: the producer stores (phase, value) in one
+// 8-byte word, and a consumer spins on the words it needs until each carries the phase it
+// expects. The data is its own flag: one round trip from producer to consumer, no fences.
+// Buffers are reused every layer; a word is only overwritten after every block has read it
+// (each overwrite depends, through the phases between, on every block's read).
+// True when a tagged wait that began at t0 must give up (watchdog, or another block failed).
+__device__ __noinline__ bool tagged_timeout(const KParams* P, kog_u64 t0, unsigned tag) {
+    if (kog_ld_relaxed_s32(P->status + ST_ERROR) != 0) return true;
+    if (kog_clock_ns() - t0 > (kog_u64)P->timeout_ns) {
+        fail(P, ERR_TIMEOUT, tag);
+        return true;
+    }
+    return false;
+}
+
+template <int N>
+struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (tid + k NTHR) + {0, 1}
+    static constexpr int N2 = N / 2, NV = (N2 + NTHR - 1) / NTHR;
+    static_assert(N % 2 == 0 && NV <= 32, "tagged vector size");
+    float2 v[NV];
+    __device__ static bool has(int tid, int k) { return tid + k * NTHR < N2; }
+};
+
+// Every thread: its pairs of the tagged N-vector at src, once they carry `tag` (all loads of
+// a round in flight together; a round re-reads only what was not ready). False on timeout.
+template <int N>
+__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, unsigned tag) {
+    using T = Tagged<N>;
+    unsigned pending = 0;
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) pending |= 1u << k;
+    kog_u64 t0 = 0;
+    for (int it = 1; pending; ++it) {
+        ulonglong2 w[T::NV];
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if (((pending >> k) & 1u) && kog_tag_of(w[k].x) == tag && kog_tag_of(w[k].y) == tag) {
+                out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+                pending &= ~(1u << k);
+            }
+        if (pending && (it & 63) == 0) {
+            if (t0 == 0) t0 = kog_clock_ns();
+            else if (tagged_timeout(c.P, t0, tag)) return false;
+        }
+    }
+    return true;
+}
+
+// One lane: n values at src[lane + 32 i] once they carry `tag`.
+template <int n>
+__device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+    unsigned pending = (1u << n) - 1;
+    kog_u64 t0 = 0;
+    for (int it = 1; pending; ++it) {
+        kog_u64 w[n];
+#pragma unroll
+        for (int i = 0; i < n; ++i)
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + c.lane + KOG_WAVE * i);
+#pragma unroll
+        for (int i = 0; i < n; ++i)
+            if (((pending >> i) & 1u) && kog_tag_of(w[i]) == tag) {
+                v[i] = kog_value_of(w[i]);
+                pending &= ~(1u << i);
+            }
+        if (pending && (it & 63) == 0) {
+            if (t0 == 0) t0 = kog_clock_ns();
+            else if (tagged_timeout(c.P, t0, tag)) return false;
+        }
+    }
+    return true;
+}
+
+// RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory.
+__device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
+                           const float* w) {
+    using T = Tagged<H>;
+    T x;
+    bool ok = true;
+    if (emb_row) {
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if (T::has(c.tid, k)) {
+                const unsigned e = __ldg(reinterpret_cast<const unsigned*>(emb_row) + c.tid + k * NTHR);
+                x.v[k] = make_float2(kog_bf16_lo(e), kog_bf16_hi(e));
+            }
+    } else {
+        ok = gather_tagged<H>(c, x, src, tag);
+    }
+    float2 g[T::NV];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) {
+            g[k] = __ldg(reinterpret_cast<const float2*>(w) + c.tid + k * NTHR);
+            ss += x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
+        }
+    if (!__syncthreads_and(ok)) return false;
+    ss = block_sum(c, ss);
+    const float s = sqrtf(ss / (float)H + EPS);
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k))
+            reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
+    __syncthreads();
+    return true;
+}
+
+// N floats behind the flags (wait_all first) into shared memory, every load in flight at once.
+template <int N>
+__device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
+    constexpr int N4 = N / 4, NV = (N4 + NTHR - 1) / NTHR;
+    float4 v[NV];
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (c.tid + k * NTHR < N4) v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + c.tid + k * NTHR);
+#pragma unroll
+    for (int k = 0; k < NV; ++k)
+        if (c.tid + k * NTHR < N4) reinterpret_cast<float4*>(xs)[c.tid + k * NTHR] = v[k];
+    __syncthreads();
+}
+
+// A tagged N-vector into shared memory.
+template <int N>
+__device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
+    using T = Tagged<N>;
+    T x;
+    const bool ok = gather_tagged<N>(c, x, src, tag);
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = x.v[k];
+    return __syncthreads_and(ok);
+}
