@@ -160,6 +160,19 @@ __device__ kog_u64 block_excl_scan(const Ctx& c, kog_u64 v, kog_u64* scratch, ko
     return before + inc - v;
 }
 
+// Every thread: f(i) for each vocabulary index i (strided over the block) whose bin is `bin`.
+template <class F>
+__device__ __forceinline__ void for_each_in_bin(const Ctx& c, int bin, F f) {
+    const uint4* bins4 = reinterpret_cast<const uint4*>(c.P->bins);  // 8 bins (uint16) per load
+    for (int q = c.tid; q < VPAD / 8; q += NTHR) {
+        const uint4 v = kog_ldcg_u4(bins4 + q);
+        const unsigned w4[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 8; ++j)
+            if ((int)((w4[j >> 1] >> ((j & 1) * 16)) & 0xffffu) == bin) f(q * 8 + j);
+    }
+}
+
 struct Sel {
     int found, idx;
     long long pos;     // position in sorted order
@@ -189,20 +202,10 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
     // 2. gather that bin's members
     if (c.tid == 0) s.misc[1] = 0;
     __syncthreads();
-    const uint4* bins4 = reinterpret_cast<const uint4*>(P->bins);
-    for (int q = c.tid; q < VPAD / 8; q += NTHR) {
-        const uint4 v = kog_ldcg_u4(bins4 + q);
-        const unsigned w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const unsigned bb = (w4[j >> 1] >> ((j & 1) * 16)) & 0xffffu;
-            if ((int)bb == bstar) {
-                const int i = q * 8 + j;
-                const int at = atomicAdd(s.misc + 1, 1);
-                if (at < CAP) s.ckey[at] = kog_ldcg_u32(P->keys + i), s.cidx[at] = i;
-            }
-        }
-    }
+    for_each_in_bin(c, bstar, [&](int i) {
+        const int at = atomicAdd(s.misc + 1, 1);
+        if (at < CAP) s.ckey[at] = kog_ldcg_u32(P->keys + i), s.cidx[at] = i;
+    });
     __syncthreads();
     int n = s.misc[1];
     if (n > CAP) {
@@ -270,18 +273,10 @@ __device__ long long count_at_least(const Ctx& c, SampleSmem& s, float thr, floa
     const int bm = bin_of(thr);
     if (c.tid == 0) s.misc[3] = 0;
     __syncthreads();
-    const unsigned short* bins = c.P->bins;
     int mine = 0;
-    const uint4* bins4 = reinterpret_cast<const uint4*>(bins);
-    for (int q = c.tid; q < VPAD / 8; q += NTHR) {
-        const uint4 v = kog_ldcg_u4(bins4 + q);
-        const unsigned w4[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            const unsigned bb = (w4[j >> 1] >> ((j & 1) * 16)) & 0xffffu;
-            if ((int)bb == bm && prob_of(kog_ldcg_u32(c.P->keys + q * 8 + j), smax) >= thr) ++mine;
-        }
-    }
+    for_each_in_bin(c, bm, [&](int i) {
+        if (prob_of(kog_ldcg_u32(c.P->keys + i), smax) >= thr) ++mine;
+    });
     atomicAdd(s.misc + 3, mine);
     __syncthreads();
     const long long n = (long long)(bm ? s.cnt[bm - 1] : 0) + s.misc[3];
