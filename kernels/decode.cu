@@ -36,6 +36,17 @@
 #include "decode_attention.cuh"
 
 // ---- one token through the model ---------------------------------------------------------
+// The block's rows of an H-row product (O, down) into its slice of the residual stream, which
+// every block then reads as tagged words of the next phase.
+template <class M>
+__device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, float* xown) {
+    const int r0 = M::row0(c.b), nr = M::row0(c.b + 1) - r0;
+    for (int r = c.tid; r < nr; r += NTHR) {
+        xown[r] += mv_result<M>(red, r);
+        kog_st_tagged(c.P->x + r0 + r, xown[r], c.epoch + 1);
+    }
+}
+
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
@@ -77,11 +88,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MO>(c, xs, red);
             __syncthreads();
-            const int r0 = MO::row0(b), nr = MO::row0(b + 1) - r0;
-            for (int r = c.tid; r < nr; r += NTHR) {
-                xown[r] += mv_result<MO>(red, r);
-                kog_st_tagged(P->x + r0 + r, xown[r], c.epoch + 1);
-            }
+            add_to_residual<MO>(c, red, xown);
         }
         end_phase(c);
         // --- gate/up + SiLU
@@ -111,11 +118,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MDN>(c, xs, red);
             __syncthreads();
-            const int r0 = MDN::row0(b), nr = MDN::row0(b + 1) - r0;
-            for (int r = c.tid; r < nr; r += NTHR) {
-                xown[r] += mv_result<MDN>(red, r);
-                kog_st_tagged(P->x + r0 + r, xown[r], c.epoch + 1);
-            }
+            add_to_residual<MDN>(c, red, xown);
         }
         end_phase(c);
     }
