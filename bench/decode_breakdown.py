@@ -114,6 +114,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
+    ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
     args = ap.parse_args()
     import torch
 
@@ -125,17 +126,20 @@ def main() -> None:
         del hf
         torch.cuda.empty_cache()
         prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(7))
-        be = CudaBackend(lm, 512, defines={"KOG_TRACE": str(TRACE_STEP)})
-        r = decode_rates(be, prompt)
-        line = [f"traced build {r:.0f} tok/s ({1e6 / r:.0f} us/token)"]
-        trace(be, prompt, lm.config.num_layers)
-        be.close()
+        line = []
+        if args.trace != "none":
+            be = CudaBackend(lm, 512, defines={**VARIANTS[args.trace], "KOG_TRACE": str(TRACE_STEP)})
+            r = decode_rates(be, prompt)
+            line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
+            trace(be, prompt, lm.config.num_layers)
+            be.close()
         for label in filter(None, args.variants.split(",")):
             defines = VARIANTS[label]
             be = CudaBackend(lm, 512, defines=defines)
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()
+            print(f"  {name}: {line[-1]}", flush=True)
         print(f"{name}: " + "; ".join(line), flush=True)
 
 

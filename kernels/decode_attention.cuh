@@ -49,7 +49,8 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* ks = qs + G * D;    // [D] this token's k (roped), v
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
-    float* tiles = rec + NW * (D + 2);  // [TBR] x {K [32][KT], V [32][D]}
+    float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
+    float* tiles = pbuf + NW * 32;     // [TBR] x {K [32][KT], V [32][D]}
     int* flag = reinterpret_cast<int*>(tiles + TBR * TILE_F);
     const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
     float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
@@ -114,22 +115,23 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
         if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
-            const int base = tile * 32, nv = min(32, L - base);
+            // Straight-line code, no branches per position. Rows from jn on come from this token's
+            // k and v (shared memory): row jn is the new position (the last of the context) when
+            // this tile holds it, and rows past the context get weight 0 (exact zeros below).
+            const int base = tile * 32, nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32;
             const float* kt = tiles + kslot * TILE_F;
             const float* vt = kt + 32 * KT;
             const bool valid = lane < nv;
-            const float* kp = base + lane == pos ? ks : kt + lane * KT;
+            const float* kp = lane < jn ? kt + lane * KT : ks;
             float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
-            if (valid) {
 #pragma unroll
-                for (int d4 = 0; d4 < D / 4; ++d4) {
-                    const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
-                    const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
-                    s4[d4 & 3] = fmaf(kv.x, qv.x, s4[d4 & 3]);
-                    s4[d4 & 3] = fmaf(kv.y, qv.y, s4[d4 & 3]);
-                    s4[d4 & 3] = fmaf(kv.z, qv.z, s4[d4 & 3]);
-                    s4[d4 & 3] = fmaf(kv.w, qv.w, s4[d4 & 3]);
-                }
+            for (int d4 = 0; d4 < D / 4; ++d4) {
+                const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
+                const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
+                s4[d4 & 3] = fmaf(kv.x, qv.x, s4[d4 & 3]);
+                s4[d4 & 3] = fmaf(kv.y, qv.y, s4[d4 & 3]);
+                s4[d4 & 3] = fmaf(kv.z, qv.z, s4[d4 & 3]);
+                s4[d4 & 3] = fmaf(kv.w, qv.w, s4[d4 & 3]);
             }
             const float sv = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * SCALE : -KOG_INF;
             const float mn = fmaxf(m, kog_wave_max(sv));
@@ -139,16 +141,23 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) acc[i] *= corr;
             m = mn;
-            const int jnew = pos - base;  // the new position's row (when in this tile) is in vs
+            // P x V: the weights through shared memory (four per read), rows in order
+            float* pw = pbuf + warp * 32;
+            pw[lane] = pe;
+            kog_wave_sync();
 #pragma unroll
-            for (int j = 0; j < 32; ++j) {  // unrolled: the shuffles overlap
-                const float w = kog_shfl(pe, j);
-                if (j < nv) {
-                    const float* vrow = j == jnew ? vs : vt + j * D;
+            for (int j4 = 0; j4 < 8; ++j4) {
+                const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
+                const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(w, vrow[lane + 32 * i], acc[i]);
+                for (int jj = 0; jj < 4; ++jj) {
+                    const int j = 4 * j4 + jj;
+                    const float* vrow = j < jn ? vt + j * D : vs;
+#pragma unroll
+                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vrow[lane + 32 * i], acc[i]);
                 }
             }
+            kog_wave_sync();  // pw is rewritten next round
         }
         trace_att(c, l, u, 7);
         __syncthreads();  // the tile buffers are refilled next round

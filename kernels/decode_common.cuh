@@ -47,7 +47,7 @@ constexpr int DL = D / KOG_WAVE;  // head dims per lane
 constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
-constexpr int ATT_FIXED = (G + 2) * D + NW * (D + 2) + 4;
+constexpr int ATT_FIXED = (G + 2) * D + NW * (D + 2) + NW * 32 + 4;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
@@ -150,9 +150,20 @@ using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<INTER, H, 1>;
 using MLM = Mv<H, VOCAB, 1>;
 
-__device__ __forceinline__ float dot8(uint4 w, const float* x) {
-    const float4 a = *reinterpret_cast<const float4*>(x);
-    const float4 b = *reinterpret_cast<const float4*>(x + 4);
+// The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3
+// at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
+// inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
+// conflicts; interleaved, every such read took two passes).
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+constexpr int MV_X = cmax(cmax(H, QD), INTER);
+constexpr int XHALF = MV_X / 2;
+__device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
+    return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
+}
+
+__device__ __forceinline__ float dot8(uint4 w, const float* xs, int col) {  // weight vector col . its 8 inputs
+    const float4 a = reinterpret_cast<const float4*>(xs)[col];
+    const float4 b = reinterpret_cast<const float4*>(xs + XHALF)[col];
     float s = kog_bf16_lo(w.x) * a.x;
     s = fmaf(kog_bf16_hi(w.x), a.y, s);
     s = fmaf(kog_bf16_lo(w.y), a.z, s);
@@ -181,10 +192,8 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
                             cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
-constexpr int MV_X = cmax(cmax(H, QD), INTER);
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats

@@ -9,20 +9,21 @@
 // phase boundaries and waits (weights do not depend on activations), so HBM keeps streaming
 // while a phase waits for its input. Each lane copies and later reads only its own 16-byte
 // pieces, so a slot needs no barrier, only the lane's own cp.async.wait_group.
-__device__ __forceinline__ void stream_next_matrix(Ctx& c) {  // inlined: Ctx must stay in registers
-    Stream& s = c.st;
+
+// A stream moves on to the warp's first granule of the next matrix in forward order.
+__device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
     if (s.mat == 4) s.mat = 0, s.layer = 0;
     else if (s.mat == 3 && s.layer == NL - 1) s.mat = 4;
     else if (s.mat == 3) s.mat = 0, ++s.layer;
     else ++s.mat;
-    s.src = stream_source(s.mat, s.layer, c.P->w, c.b);
-    s.g = c.warp;
+    s.src = stream_source(s.mat, s.layer, w, b);
+    s.g = warp;
 }
 
 // Issue the warp's next granule into the slot freed last (one commit group per granule).
 __device__ __forceinline__ void ring_issue(Ctx& c) {
     Stream& s = c.st;
-    while (s.g >= s.src.ngran) stream_next_matrix(c);  // ends: every warp has LM head granules
+    while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // ends: every warp has LM head granules
     uint4* slot = c.ring + (s.head % RING) * SLOT;
     const int row = s.g / s.src.nseg, seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
@@ -59,7 +60,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
 #pragma unroll
         for (int i = 0; i < M::U; ++i) {
             const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-            if (M::FULL || col < M::KV) acc += dot8(slot[i * KOG_WAVE + c.lane], xs + col * 8);
+            if (M::FULL || col < M::KV) acc += dot8(slot[i * KOG_WAVE + c.lane], xs, col);
         }
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;

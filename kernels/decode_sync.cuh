@@ -186,7 +186,8 @@ __device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* s
     return true;
 }
 
-// RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory.
+// RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory
+// (the split layout of xs_index).
 __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
                            const float* w) {
     using T = Tagged<H>;
@@ -216,12 +217,13 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k))
-            reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
+            *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) =
+                make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
     __syncthreads();
     return true;
 }
 
-// N floats behind the flags (wait_all first) into shared memory, every load in flight at once.
+// N floats behind the flags (wait_all first) into shared memory (split layout), every load in flight at once.
 template <int N>
 __device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
     constexpr int N4 = N / 4, NV = (N4 + NTHR - 1) / NTHR;
@@ -231,11 +233,11 @@ __device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
         if (c.tid + k * NTHR < N4) v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + c.tid + k * NTHR);
 #pragma unroll
     for (int k = 0; k < NV; ++k)
-        if (c.tid + k * NTHR < N4) reinterpret_cast<float4*>(xs)[c.tid + k * NTHR] = v[k];
+        if (c.tid + k * NTHR < N4) *reinterpret_cast<float4*>(xs + xs_index(4 * (c.tid + k * NTHR))) = v[k];
     __syncthreads();
 }
 
-// A tagged N-vector into shared memory.
+// A tagged N-vector into shared memory (split layout).
 template <int N>
 __device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
     using T = Tagged<N>;
@@ -243,6 +245,6 @@ __device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned
     const bool ok = gather_tagged<N>(c, x, src, tag);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) reinterpret_cast<float2*>(xs)[c.tid + k * NTHR] = x.v[k];
+        if (T::has(c.tid, k)) *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = x.v[k];
     return __syncthreads_and(ok);
 }
