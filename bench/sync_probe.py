@@ -3,7 +3,10 @@
 Prints, in nanoseconds: a block barrier; a barrier right after issuing global loads that are
 still in flight (does bar.sync wait for them?) and after cp.async copies still in flight; an
 L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
-acquire/release fence with and without stores in flight.
+acquire/release fence with and without stores in flight; and whether an L2 prefetch works:
+every block asks L2 for 128 KB (one thread's bulk `cp.async.bulk.prefetch.L2`, or every
+thread's `prefetch.global.L2` per line), waits 10 us, then reads it; against reading 128 KB
+no one asked for. Runs last, in its own launch: the decode kernel hung with bulk prefetches.
 
     python bench/sync_probe.py
 """
@@ -111,6 +114,38 @@ extern "C" __global__ void probe_fence(float* scratch, u64* out) {
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = a / 64; out[1] = b / 64; }
 }
+
+// L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
+// thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
+// out[0]: ns to issue the prefetches; out[1]: ns to read the 128 KB (block 0).
+extern "C" __global__ void probe_prefetch(const uint4* __restrict__ big, u64* out, unsigned* sink, int mode, long long first) {
+    constexpr int REG = 8192;  // uint4 per block: 128 KB
+    const uint4* region = big + (size_t)(first + blockIdx.x) * REG;
+    const int t = threadIdx.x;
+    __syncthreads();
+    const u64 t0 = now();
+    if (mode == 1 && t == 0) {
+        for (int i = 0; i < REG; i += 1024)  // 16 KB pieces
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(region + i), "r"(16384) : "memory");
+    } else if (mode == 2) {
+        for (int l = t; l < REG / 8; l += blockDim.x) asm volatile("prefetch.global.L2 [%0];" ::"l"(region + l * 8) : "memory");
+    }
+    const u64 t1 = now();
+    __syncthreads();
+    while (now() < t1 + 10000) {}
+    __syncthreads();
+    const u64 t2 = now();
+    unsigned acc = 0;
+    uint4 v[REG / 512];
+    #pragma unroll
+    for (int i = 0; i < REG / 512; ++i) v[i] = __ldcg(region + t + i * 512);
+    #pragma unroll
+    for (int i = 0; i < REG / 512; ++i) acc += v[i].x ^ v[i].w;
+    __syncthreads();
+    const u64 t3 = now();
+    if (acc == 0x12345678u) sink[0] = acc;
+    if (t == 0 && blockIdx.x == 0) { out[0] = t1 - t0; out[1] = t3 - t2; }
+}
 """
 
 
@@ -147,6 +182,15 @@ def main() -> None:
     cp.cuda.Device().synchronize()
     o = out.get()
     print(f"fence.acq_rel.gpu alone {o[0]} ns; after 8 stores per thread {o[1]} ns")
+    regions = big.size * 4 // (128 * 1024)
+    for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
+                                         (2, "per-line prefetch (every thread)")] * 2):
+        first = (rep * nsm) % (regions - nsm)  # fresh regions each launch: the buffer is many times L2
+        mod.get_function("probe_prefetch")((nsm,), (512,), (big, out, sink, np.int32(mode), np.int64(first)))
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        if rep >= 3:
+            print(f"128 KB per block after {label}: issue {o[0]} ns, read {o[1]} ns")
 
 
 if __name__ == "__main__":
