@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.random_models import build_hf, loaded_model, random_prompt  # noqa: E402
+from bench.random_models import build_hf, loaded_model, random_prompt
 
 VARIANTS = {
     "full": {},
