@@ -4,11 +4,16 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint; KOG_RING=3 keeps 3 granules in flight per warp, not 4;
+  "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
+  machines differ by a few percent from call to call, so compare versions only side by side.
+  Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` and
+  carry .bench to the GPU machine (its parameter block must match engine/backends/cuda.py);
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint]
+        [--trace full|none] [--baseline .bench/v8/kernels --variants full,baseline]
 """
 
 from __future__ import annotations
@@ -115,7 +120,10 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
     ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
+    ap.add_argument("--baseline", type=Path, help="the kernels/ folder of the version timed as 'baseline'")
     args = ap.parse_args()
+    if "baseline" in args.variants.split(",") and not (args.baseline and (args.baseline / "decode.cu").exists()):
+        ap.error("the 'baseline' variant needs --baseline DIR with a decode.cu")
     import torch
 
     from engine.backends.cuda import CudaBackend
@@ -134,8 +142,10 @@ def main() -> None:
             trace(be, prompt, lm.config.num_layers)
             be.close()
         for label in filter(None, args.variants.split(",")):
-            defines = VARIANTS[label]
-            be = CudaBackend(lm, 512, defines=defines)
+            if label == "baseline":
+                be = CudaBackend(lm, 512, kernel_dir=args.baseline.resolve())
+            else:
+                be = CudaBackend(lm, 512, defines=VARIANTS[label])
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()

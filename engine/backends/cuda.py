@@ -80,13 +80,13 @@ def _cupy():
     return cupy
 
 
-def compile_kernels(source: str, defines: dict[str, str], arch: str) -> Path:
-    """NVRTC-compile kernels/<source> for `arch` (e.g. '90'); the binary is cached on disk."""
+def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir: Path = KERNEL_DIR) -> Path:
+    """NVRTC-compile <kernel_dir>/<source> for `arch` (e.g. '90'); the binary is cached on disk."""
     from cupy_backends.cuda.libs import nvrtc
 
-    src = (KERNEL_DIR / source).read_text()
-    headers = [p.read_text() for p in sorted(KERNEL_DIR.glob("*.cuh"))]  # what the source may include
-    opts = [f"-arch=sm_{arch}", "-std=c++17", f"--include-path={KERNEL_DIR}"]
+    src = (kernel_dir / source).read_text()
+    headers = [p.read_text() for p in sorted(kernel_dir.glob("*.cuh"))]  # what the source may include
+    opts = [f"-arch=sm_{arch}", "-std=c++17", f"--include-path={kernel_dir}"]
     opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
     key = hashlib.sha256("\0".join([src, *headers, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:24]
     folder = cache_dir() / "kernels"
@@ -121,10 +121,13 @@ class CudaBackend(Backend):
     weight_bytes = 2  # bf16
     kv_bytes = 4  # fp32 cache: exact agreement with the reference first; bf16 is a later option
 
-    def __init__(self, model, max_context: int, *, defines: dict[str, str] | None = None):
-        """`defines`: extra kernel macros, for timing experiments (bench/decode_breakdown.py) only."""
+    def __init__(self, model, max_context: int, *, defines: dict[str, str] | None = None,
+                 kernel_dir: Path | None = None):
+        """`defines` (extra kernel macros) and `kernel_dir` (another version of kernels/, whose
+        parameter block matches this file's): for timing experiments (bench/decode_breakdown.py) only."""
         super().__init__(model.config, max_context)
         self._extra_defines = dict(defines or {})
+        self._kernel_dir = kernel_dir or KERNEL_DIR
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -183,14 +186,14 @@ class CudaBackend(Backend):
 
     def _load_modules(self) -> None:
         cp = self.cp
-        dec = compile_kernels("decode.cu", self._defines(), self.arch)
+        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir)
         pre = compile_kernels("prefill.cu", {}, self.arch)
         try:
             self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
             self.k_decode = self.mod.get_function("kog_decode")
         except Exception as e:  # a stale or broken cache entry: rebuild once
             dec.unlink(missing_ok=True)
-            dec = compile_kernels("decode.cu", self._defines(), self.arch)
+            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir)
             try:
                 self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
                 self.k_decode = self.mod.get_function("kog_decode")
