@@ -3,7 +3,9 @@
 Prints, in nanoseconds: a block barrier; a barrier right after issuing global loads that are
 still in flight (does bar.sync wait for them?) and after cp.async copies still in flight; an
 L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
-acquire/release fence with and without stores in flight; and whether an L2 prefetch works:
+acquire/release fence with and without stores in flight; the SM clock under load; what a
+pass over 16-256 KB of straight-line code costs cold and warm (instruction fetch: the decode
+kernel is 270 KB of machine code); and whether an L2 prefetch works:
 every block asks L2 for 128 KB (one thread's bulk `cp.async.bulk.prefetch.L2`, or every
 thread's `prefetch.global.L2` per line), waits 10 us, then reads it; against reading 128 KB
 no one asked for. Runs last, in its own launch: the decode kernel hung with bulk prefetches.
@@ -115,6 +117,40 @@ extern "C" __global__ void probe_fence(float* scratch, u64* out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = a / 64; out[1] = b / 64; }
 }
 
+// The SM clock while every multiprocessor spins: out[0] cycles and out[1] ns over ~200 us.
+extern "C" __global__ void probe_clock(u64* out) {
+    const u64 t0 = now();
+    const long long c0 = clock64();
+    while (now() - t0 < 200000) {}
+    const long long c1 = clock64();
+    const u64 t1 = now();
+    if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = c1 - c0; out[1] = t1 - t0; }
+}
+
+// Instruction fetch: N independent-chain FMAs of straight-line code (16 bytes each), run four
+// times in one launch; out[p] = cycles of pass p (pass 0 fetches the code, the rest may hit).
+template <int N>
+__device__ void icache_body(u64* out, float* sink) {
+    float a[8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = threadIdx.x * 1e-3f + i;
+    for (int p = 0; p < 4; ++p) {
+        const long long c0 = clock64();
+        #pragma unroll
+        for (int i = 0; i < N; ++i) a[i & 7] = fmaf(a[i & 7], 1.0001f, 0.5f);
+        const long long c1 = clock64();
+        if (threadIdx.x == 0 && blockIdx.x == 0) out[p] = c1 - c0;
+    }
+    float s = 0.f;
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) s += a[i];
+    if (s == 1.2345f) sink[0] = s;
+}
+extern "C" __global__ void probe_icache_16k(u64* out, float* sink) { icache_body<1024>(out, sink); }
+extern "C" __global__ void probe_icache_64k(u64* out, float* sink) { icache_body<4096>(out, sink); }
+extern "C" __global__ void probe_icache_128k(u64* out, float* sink) { icache_body<8192>(out, sink); }
+extern "C" __global__ void probe_icache_256k(u64* out, float* sink) { icache_body<16384>(out, sink); }
+
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
 // out[0]: ns to issue the prefetches; out[1]: ns to read the 128 KB (block 0).
@@ -182,6 +218,17 @@ def main() -> None:
     cp.cuda.Device().synchronize()
     o = out.get()
     print(f"fence.acq_rel.gpu alone {o[0]} ns; after 8 stores per thread {o[1]} ns")
+    mod.get_function("probe_clock")((nsm,), (32,), (out,))
+    cp.cuda.Device().synchronize()
+    o = out.get()
+    print(f"SM clock while spinning: {o[0] / o[1] * 1e3:.0f} MHz")
+    fsink = cp.zeros(1, dtype=cp.float32)
+    for size in ("16k", "64k", "128k", "256k"):
+        mod.get_function(f"probe_icache_{size}")((nsm,), (128,), (out, fsink))
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        n = {"16k": 1024, "64k": 4096, "128k": 8192, "256k": 16384}[size]
+        print(f"{size}B of straight-line code ({n} FMAs): cycles per pass {' '.join(str(int(v)) for v in o[:4])}")
     regions = big.size * 4 // (128 * 1024)
     for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
                                          (2, "per-line prefetch (every thread)")] * 2):
