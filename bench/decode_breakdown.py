@@ -6,9 +6,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   without the L2 evict-first hint; KOG_RING=3 keeps 3 granules in flight per warp, not 4;
   "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
   machines differ by a few percent from call to call, so compare versions only side by side.
-  Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (an
-  untracked folder travels to the GPU machine with the working tree); its parameter block
-  must match engine/backends/cuda.py;
+  Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git
+  ignores .bench: carry it to the GPU machine); its parameter block must match
+  engine/backends/cuda.py;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready).

@@ -4,7 +4,7 @@
 # .models/b with `split -b 50000000`; the gguf wheel travels in .whl).
 #   phase 1 (carry .whl .models/a): the GPU tests on random-init models at real shapes
 #   phase 2 (carry .whl .models/b): real weights: GPU test, kog generate, kog bench
-#   phase ab (carry .whl): a kernel change against a baseline, one call: latency probes, the GPU
+#   phase ab (carry .whl .bench): a kernel change against a baseline, one call: latency probes, the GPU
 #     tests, then bench/decode_breakdown.py timing $VARIANTS (default baseline,full) beside the
 #     kernels in .bench/base/kernels, made beforehand with
 #     `mkdir -p .bench/base && git archive main kernels | tar -x -C .bench/base`
