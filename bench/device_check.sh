@@ -6,7 +6,7 @@
 #   phase 2 (carry .whl .models/b): real weights: GPU test, kog generate, kog bench
 #   phase ab (carry .whl .bench): a kernel change against a baseline, one call: latency probes, the GPU
 #     tests, then bench/decode_breakdown.py timing $VARIANTS (default baseline,full) beside the
-#     kernels in .bench/base/kernels, made beforehand with
+#     kernels in .bench/base/kernels (AB_ONLY=1: the timing alone), made beforehand with
 #     `mkdir -p .bench/base && git archive main kernels | tar -x -C .bench/base`
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .models/site .whl/*.whl \
@@ -36,9 +36,11 @@ case "$1" in
     2>&1 | tee "$OUT/ttft.log"
   ;;
 ab)
-  timeout 120 python3 bench/sync_probe.py 2>&1 | tee "$OUT/probe.log"
-  KOG_TEST_MODELS=${KOG_TEST_MODELS:-smollm2-135m,llama-3.2-1b,qwen2.5-1.5b,qwen3-1.7b} \
-    timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_backend.py -k "not real_default" -rfEs 2>&1 | tee "$OUT/tests.log"
+  if [ -z "$AB_ONLY" ]; then  # AB_ONLY=1: the timing alone (a second call for more variants)
+    timeout 120 python3 bench/sync_probe.py 2>&1 | tee "$OUT/probe.log"
+    KOG_TEST_MODELS=${KOG_TEST_MODELS:-smollm2-135m,llama-3.2-1b,qwen2.5-1.5b,qwen3-1.7b} \
+      timeout 240 python3 -m pytest -q -x -m gpu tests/test_cuda_backend.py -k "not real_default" -rfEs 2>&1 | tee "$OUT/tests.log"
+  fi
   timeout "${AB_TIMEOUT:-300}" python3 bench/decode_breakdown.py --models "${AB_MODELS:-smollm2-135m,llama-3.2-1b}" \
     --trace "${AB_TRACE:-none}" --baseline .bench/base/kernels --variants "${VARIANTS:-baseline,full}" 2>&1 \
     | grep -v Warn | tee "$OUT/ab.log"
