@@ -223,12 +223,11 @@ def main() -> None:
     o = out.get()
     print(f"SM clock while spinning: {o[0] / o[1] * 1e3:.0f} MHz")
     fsink = cp.zeros(1, dtype=cp.float32)
-    for size in ("16k", "64k", "128k", "256k"):
+    for size, fmas in (("16k", 1024), ("64k", 4096), ("128k", 8192), ("256k", 16384)):
         mod.get_function(f"probe_icache_{size}")((nsm,), (128,), (out, fsink))
         cp.cuda.Device().synchronize()
         o = out.get()
-        n = {"16k": 1024, "64k": 4096, "128k": 8192, "256k": 16384}[size]
-        print(f"{size}B of straight-line code ({n} FMAs): cycles per pass {' '.join(str(int(v)) for v in o[:4])}")
+        print(f"{size}B of straight-line code ({fmas} FMAs): cycles per pass {' '.join(str(int(v)) for v in o[:4])}")
     regions = big.size * 4 // (128 * 1024)
     for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
                                          (2, "per-line prefetch (every thread)")] * 2):
