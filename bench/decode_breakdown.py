@@ -5,7 +5,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint; KOG_RING=3 keeps 3 granules in flight per warp, not 4;
   "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
-  machines differ by a few percent from call to call, so compare versions only side by side.
+  machines differ by a few percent from call to call, so compare versions only side by side;
+  "a+b" combines variants a and b.
   Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git
   ignores .bench: carry it to the GPU machine); its parameter block must match
   engine/backends/cuda.py;
@@ -116,6 +117,14 @@ def attention_units(be, t, layers: int) -> None:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
 
 
+def variant_defines(label: str) -> dict:
+    """The defines of a variant; 'a+b' combines variants a and b."""
+    defines = {}
+    for part in label.split("+"):
+        defines.update(VARIANTS[part])
+    return defines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
@@ -137,7 +146,7 @@ def main() -> None:
         prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(7))
         line = []
         if args.trace != "none":
-            be = CudaBackend(lm, 512, defines={**VARIANTS[args.trace], "KOG_TRACE": str(TRACE_STEP)})
+            be = CudaBackend(lm, 512, defines={**variant_defines(args.trace), "KOG_TRACE": str(TRACE_STEP)})
             r = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, lm.config.num_layers)
@@ -146,7 +155,7 @@ def main() -> None:
             if label == "baseline":
                 be = CudaBackend(lm, 512, kernel_dir=args.baseline.resolve())
             else:
-                be = CudaBackend(lm, 512, defines=VARIANTS[label])
+                be = CudaBackend(lm, 512, defines=variant_defines(label))
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()
