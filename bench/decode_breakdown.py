@@ -3,10 +3,11 @@
 Two views of the monokernel on random-init models at real shapes (timing only):
 - variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
-  without the L2 evict-first hint; KOG_RING=3 keeps 3 granules in flight per warp, not 4;
+  without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
+  streaming and the math alone); KOG_RING=3 keeps 3 granules in flight per warp, not 4;
   "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
   machines differ by a few percent from call to call, so compare versions only side by side;
-  "a+b" combines variants a and b.
+  "a+b" combines variants a and b (baseline+no-weight-loads: the baseline without loads).
   Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git
   ignores .bench: carry it to the GPU machine); its parameter block must match
   engine/backends/cuda.py;
@@ -35,6 +36,7 @@ VARIANTS = {
     "no-attention": {"KOG_EXP": "1"},
     "no-weight-loads": {"KOG_EXP": "2"},
     "no-L2-hint": {"KOG_EXP": "3"},
+    "no-waits": {"KOG_EXP": "4"},
     "ring-3": {"KOG_RING": "3"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
@@ -132,7 +134,7 @@ def main() -> None:
     ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
     ap.add_argument("--baseline", type=Path, help="the kernels/ folder of the version timed as 'baseline'")
     args = ap.parse_args()
-    if "baseline" in args.variants.split(",") and not (args.baseline and (args.baseline / "decode.cu").exists()):
+    if "baseline" in args.variants.replace("+", ",").split(",") and not (args.baseline and (args.baseline / "decode.cu").exists()):
         ap.error("the 'baseline' variant needs --baseline DIR with a decode.cu")
     import torch
 
@@ -152,10 +154,10 @@ def main() -> None:
             trace(be, prompt, lm.config.num_layers)
             be.close()
         for label in filter(None, args.variants.split(",")):
-            if label == "baseline":
-                be = CudaBackend(lm, 512, kernel_dir=args.baseline.resolve())
-            else:
-                be = CudaBackend(lm, 512, defines=variant_defines(label))
+            parts = label.split("+")
+            kernel_dir = args.baseline.resolve() if "baseline" in parts else None
+            defines = variant_defines("+".join(p for p in parts if p != "baseline") or "full")
+            be = CudaBackend(lm, 512, defines=defines, kernel_dir=kernel_dir)
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()

@@ -4,8 +4,8 @@
 #include "portability.cuh"
 
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
-#define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint
-#endif
+#define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
+#endif             // tokens: what streaming and the math cost when no block waits for another)
 #ifndef KOG_RING  // weight granules in flight per warp (2 KB each)
 #define KOG_RING 4
 #endif
@@ -161,9 +161,7 @@ __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 
     return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
 }
 
-__device__ __forceinline__ float dot8(uint4 w, const float* xs, int col) {  // weight vector col . its 8 inputs
-    const float4 a = reinterpret_cast<const float4*>(xs)[col];
-    const float4 b = reinterpret_cast<const float4*>(xs + XHALF)[col];
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {  // a weight vector . its 8 inputs a, b
     float s = kog_bf16_lo(w.x) * a.x;
     s = fmaf(kog_bf16_hi(w.x), a.y, s);
     s = fmaf(kog_bf16_lo(w.y), a.z, s);
@@ -173,6 +171,12 @@ __device__ __forceinline__ float dot8(uint4 w, const float* xs, int col) {  // w
     s = fmaf(kog_bf16_lo(w.w), b.z, s);
     s = fmaf(kog_bf16_hi(w.w), b.w, s);
     return s;
+}
+__device__ __forceinline__ float4 xs_lo(const float* xs, int col) {  // inputs 8col..8col+3 of weight vector col
+    return reinterpret_cast<const float4*>(xs)[col];
+}
+__device__ __forceinline__ float4 xs_hi(const float* xs, int col) {  // inputs 8col+4..8col+7
+    return reinterpret_cast<const float4*>(xs + XHALF)[col];
 }
 
 template <class M>

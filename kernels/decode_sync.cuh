@@ -47,7 +47,7 @@ __device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
         if (j < NBLK && j >= lo && j <= hi) mine |= 1u << e;
     }
     kog_u64 t0 = 0;
-    for (int it = 0;; ++it) {
+    for (int it = 0; KOG_EXP != 4; ++it) {
         const uint4 f = kog_ld_relaxed_u4(P->flags + 4 * c.lane);
         const uint4 h = NBLK > 4 * KOG_WAVE ? kog_ld_relaxed_u4(P->flags + 4 * KOG_WAVE + 4 * c.lane) : f;
         const unsigned v[8] = {f.x, f.y, f.z, f.w, h.x, h.y, h.z, h.w};
@@ -150,7 +150,7 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
             if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (((pending >> k) & 1u) && kog_tag_of(w[k].x) == tag && kog_tag_of(w[k].y) == tag) {
+            if (((pending >> k) & 1u) && (KOG_EXP == 4 || (kog_tag_of(w[k].x) == tag && kog_tag_of(w[k].y) == tag))) {
                 out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
                 pending &= ~(1u << k);
             }
@@ -174,7 +174,7 @@ __device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* s
             if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + c.lane + KOG_WAVE * i);
 #pragma unroll
         for (int i = 0; i < n; ++i)
-            if (((pending >> i) & 1u) && kog_tag_of(w[i]) == tag) {
+            if (((pending >> i) & 1u) && (KOG_EXP == 4 || kog_tag_of(w[i]) == tag)) {
                 v[i] = kog_value_of(w[i]);
                 pending &= ~(1u << i);
             }
