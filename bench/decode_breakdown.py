@@ -5,6 +5,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
   streaming and the math alone); KOG_RING=3 keeps 3 granules in flight per warp, not 4;
+  KOG_ATT_TPU=1 gives each attention block-unit one 32-position tile (more blocks, less each);
   "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
   machines differ by a few percent from call to call, so compare versions only side by side;
   "a+b" combines variants a and b (baseline+no-weight-loads: the baseline without loads).
@@ -38,6 +39,8 @@ VARIANTS = {
     "no-L2-hint": {"KOG_EXP": "3"},
     "no-waits": {"KOG_EXP": "4"},
     "ring-3": {"KOG_RING": "3"},
+    "ring-2": {"KOG_RING": "2"},
+    "att-tpu-1": {"KOG_ATT_TPU": "1"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
@@ -84,17 +87,29 @@ def trace(be, prompt, layers: int) -> None:
     print(f"  token {TRACE_STEP}: whole token {(t[first + 1].max() - t[0].max()) / 1e3:.1f} us "
           f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us); "
           f"per middle layer (mean of {len(mid)}):")
-    steps = []
     for a in range(len(LAYER_EVENTS) - 1):
         work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
         crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3
-        steps.append((f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}", np.median(work), work.max(axis=1).mean(),
-                      crit.mean()))
-    for name, med, slow, crit in steps:
-        print(f"    {name:32s} median block {med:6.2f} us  slowest {slow:6.2f} us  critical path {crit:6.2f} us")
+        name = f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}"
+        print(f"    {name:32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
+              f"critical path {crit.mean():6.2f} us")
+        if LAYER_EVENTS[a].endswith("ready") and LAYER_EVENTS[a + 1].endswith("done"):  # a matrix phase
+            slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
     attention_units(be, t, layers)
+
+
+def slowest_blocks(work, ready) -> None:
+    """Whether the blocks that end a matrix phase last are the same in every layer: the five
+    slowest by mean work, how often each is among the ten slowest of a layer, and how long
+    before the last block it started (work and ready: [layer, block], us)."""
+    mean = work.mean(axis=0)
+    among = (np.argsort(np.argsort(-work, axis=1), axis=1) < 10).mean(axis=0)
+    top = np.argsort(-mean)[:5]
+    print("      slowest blocks (mean work, among the 10 slowest, start before the last): " + "; ".join(
+        f"{b}: {mean[b]:.2f} us, {among[b]:.0%}, {-ready[:, b].mean():.2f} us" for b in top)
+        + f"; all blocks: {np.median(mean):.2f} us, start {-np.median(ready):.2f} us")
 
 
 # kernels/decode.cu trace_att stamps, in the order they happen (the last round's, for 6 and 7)
