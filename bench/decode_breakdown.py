@@ -4,8 +4,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
-  streaming and the math alone); KOG_RING=3 keeps 3 granules in flight per warp, not 4;
-  KOG_ATT_TPU=1 gives each attention block-unit one 32-position tile (more blocks, less each);
+  streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
   machines differ by a few percent from call to call, so compare versions only side by side;
   "a+b" combines variants a and b (baseline+no-weight-loads: the baseline without loads).
@@ -38,9 +37,8 @@ VARIANTS = {
     "no-weight-loads": {"KOG_EXP": "2"},
     "no-L2-hint": {"KOG_EXP": "3"},
     "no-waits": {"KOG_EXP": "4"},
-    "ring-3": {"KOG_RING": "3"},
     "ring-2": {"KOG_RING": "2"},
-    "att-tpu-1": {"KOG_ATT_TPU": "1"},
+    "ring-4": {"KOG_RING": "4"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV

@@ -9,12 +9,8 @@
 // waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
 // softmax state; the warps of a head merge in shared memory, and when a kv head spans several
 // blocks their partial (max, sum, acc) records meet in global memory, merged by the last one.
-#ifndef KOG_ATT_TPU  // timing experiments: tiles per block-unit at most (default: one round's worth)
-#define KOG_ATT_TPU TBR
-#endif
 __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
-    constexpr int TPU = KOG_ATT_TPU < TBR ? KOG_ATT_TPU : TBR;
-    const int want = min((ntile + TPU - 1) / TPU, NBLK / NKV);
+    const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
     tpu = (ntile + want - 1) / want;  // tiles per block-unit
     return (ntile + tpu - 1) / tpu;   // no empty unit
 }
