@@ -5,18 +5,18 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
-  "baseline" is another version of kernels/ (--baseline DIR), timed in the same run: the
-  machines differ by a few percent from call to call, so compare versions only side by side;
-  "a+b" combines variants a and b (baseline+no-weight-loads: the baseline without loads).
-  Make one with `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git
-  ignores .bench: carry it to the GPU machine); its parameter block must match
-  engine/backends/cuda.py;
+  a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
+  it "baseline"), timed in the same run: the machines differ by a few percent from call to
+  call, so compare versions only side by side; "a+b" combines variants a and b, and a version
+  with variants (baseline+no-weight-loads: the baseline without loads). Make one with
+  `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git ignores .bench:
+  carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint]
-        [--trace full|none] [--baseline .bench/v8/kernels --variants full,baseline]
+        [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
 """
 
 from __future__ import annotations
@@ -132,12 +132,45 @@ def attention_units(be, t, layers: int) -> None:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
 
 
-def variant_defines(label: str) -> dict:
-    """The defines of a variant; 'a+b' combines variants a and b."""
+def parse_versions(specs: list[str]) -> dict[str, Path]:
+    """--version NAME=DIR (and --baseline DIR, the version named 'baseline') -> {name: dir}."""
+    versions = {}
+    for spec in specs:
+        name, _, folder = spec.rpartition("=")
+        name = name or "baseline"
+        if name in VARIANTS or "+" in name or "," in name:
+            raise ValueError(f"version name {name!r} is taken by a variant or has '+' or ','")
+        if not (Path(folder) / "decode.cu").is_file():
+            raise ValueError(f"version {name!r}: {folder} has no decode.cu")
+        versions[name] = Path(folder).resolve()
+    return versions
+
+
+def build(lm, label: str, versions: dict[str, Path], traced: bool = False):
+    """The backend of a label: 'a+b' combines variants a and b, and at most one part names a
+    version (another kernels/ folder) instead of the current one."""
+    from engine.backends.cuda import CudaBackend
+
+    parts = label.split("+")
+    folders = [versions[p] for p in parts if p in versions]
     defines = {}
-    for part in label.split("+"):
-        defines.update(VARIANTS[part])
-    return defines
+    for part in parts:
+        if part not in versions:
+            defines.update(VARIANTS[part])
+    if traced:
+        defines["KOG_TRACE"] = str(TRACE_STEP)
+    return CudaBackend(lm, 512, defines=defines, kernel_dir=folders[0] if folders else None)
+
+
+def check_label(label: str, versions: dict[str, Path]) -> str | None:
+    """What is wrong with a label, or None."""
+    parts = label.split("+")
+    unknown = [p for p in parts if p not in VARIANTS and p not in versions]
+    if unknown:
+        return f"unknown variant or version {unknown[0]!r} (variants: {', '.join(VARIANTS)})"
+    if sum(p in versions for p in parts) > 1:
+        return f"{label!r} names two versions"
+    return None
 
 
 def main() -> None:
@@ -145,13 +178,19 @@ def main() -> None:
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
     ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
-    ap.add_argument("--baseline", type=Path, help="the kernels/ folder of the version timed as 'baseline'")
+    ap.add_argument("--version", action="append", default=[], metavar="NAME=DIR",
+                    help="another version of kernels/, timed as variant NAME (repeatable)")
+    ap.add_argument("--baseline", action="append", default=[], metavar="DIR", help="the same as --version baseline=DIR")
     args = ap.parse_args()
-    if "baseline" in args.variants.replace("+", ",").split(",") and not (args.baseline and (args.baseline / "decode.cu").exists()):
-        ap.error("the 'baseline' variant needs --baseline DIR with a decode.cu")
+    try:
+        versions = parse_versions(args.version + [f"baseline={d}" for d in args.baseline])
+    except ValueError as e:
+        ap.error(str(e))
+    labels = list(filter(None, args.variants.split(",")))
+    for label in labels + ([args.trace] if args.trace != "none" else []):
+        if problem := check_label(label, versions):
+            ap.error(problem)
     import torch
-
-    from engine.backends.cuda import CudaBackend
 
     for name in args.models.split(","):
         hf = build_hf(name, 7, device="cuda")
@@ -161,16 +200,13 @@ def main() -> None:
         prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(7))
         line = []
         if args.trace != "none":
-            be = CudaBackend(lm, 512, defines={**variant_defines(args.trace), "KOG_TRACE": str(TRACE_STEP)})
+            be = build(lm, args.trace, versions, traced=True)
             r = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, lm.config.num_layers)
             be.close()
-        for label in filter(None, args.variants.split(",")):
-            parts = label.split("+")
-            kernel_dir = args.baseline.resolve() if "baseline" in parts else None
-            defines = variant_defines("+".join(p for p in parts if p != "baseline") or "full")
-            be = CudaBackend(lm, 512, defines=defines, kernel_dir=kernel_dir)
+        for label in labels:
+            be = build(lm, label, versions)
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()
