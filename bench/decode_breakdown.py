@@ -5,6 +5,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
+  KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
+  polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
   call, so compare versions only side by side; "a+b" combines variants a and b, and a version
@@ -39,6 +41,10 @@ VARIANTS = {
     "no-waits": {"KOG_EXP": "4"},
     "ring-2": {"KOG_RING": "2"},
     "ring-4": {"KOG_RING": "4"},
+    "poll-100": {"KOG_POLL_NS": "100"},
+    "poll-300": {"KOG_POLL_NS": "300"},
+    "u-2": {"KOG_U": "2"},
+    "u-4": {"KOG_U": "4"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV

@@ -9,6 +9,9 @@
 #ifndef KOG_RING  // weight granules in flight per warp (2 KB each): 2, 3 and 4 stream alike (PERF.md v10)
 #define KOG_RING 3
 #endif
+#ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
+#define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -125,6 +128,9 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
 
 // ---- matrix-vector products --------------------------------------------------------------
 __host__ __device__ constexpr int pick_u(int kv) {  // 16-byte vectors per lane per granule: least padding, then widest
+#ifdef KOG_U  // timing experiments: U forced (where a row is that long)
+    return kv < 32 * KOG_U ? (kv + 31) / 32 : KOG_U;
+#endif
     int best = 4, waste = 1 << 30;
     for (int u = 4; u >= 2; --u) {
         int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;

@@ -55,6 +55,7 @@ __device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
 #pragma unroll
         for (int e = 0; e < 8; ++e) ok &= !((mine >> e) & 1u) || v[e] >= target;
         if (kog_wave_all(ok)) break;
+        if (KOG_POLL_NS) kog_sleep_ns(KOG_POLL_NS);
         if ((it & 31) == 31) {
             int bad = 0;
             if (c.lane == 0) {
@@ -154,6 +155,7 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
                 out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
                 pending &= ~(1u << k);
             }
+        if (KOG_POLL_NS && pending) kog_sleep_ns(KOG_POLL_NS);
         if (pending && (it & 63) == 0) {
             if (t0 == 0) t0 = kog_clock_ns();
             else if (tagged_timeout(c.P, t0, tag)) return false;
@@ -178,6 +180,7 @@ __device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* s
                 v[i] = kog_value_of(w[i]);
                 pending &= ~(1u << i);
             }
+        if (KOG_POLL_NS && pending) kog_sleep_ns(KOG_POLL_NS);
         if (pending && (it & 63) == 0) {
             if (t0 == 0) t0 = kog_clock_ns();
             else if (tagged_timeout(c.P, t0, tag)) return false;

@@ -90,6 +90,8 @@ __device__ __forceinline__ void kog_st_relaxed_sys_s32(int* p, int v) {
 // acquire/release ordering at gpu scope: enough for flag/message passing (no total order needed)
 __device__ __forceinline__ void kog_fence_acqrel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
+__device__ __forceinline__ void kog_sleep_ns(unsigned ns) { __nanosleep(ns); }  // a poll's back-off
+
 __device__ __forceinline__ kog_u64 kog_clock_ns() {
     kog_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
