@@ -9,6 +9,8 @@
 // waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
 // softmax state; the warps of a head merge in shared memory, and when a kv head spans several
 // blocks their partial (max, sum, acc) records meet in global memory, merged by the last one.
+__shared__ unsigned kog_att_units;  // thread 0: units per kv head merged through attn_cnt so far this launch
+
 __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
     tpu = (ntile + want - 1) / want;  // tiles per block-unit
@@ -37,6 +39,10 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const int L = pos + 1, ntile = (L + 31) / 32;
     int tpu;
     const int nbc = att_units_per_head(ntile, tpu);
+    // The merge counters only grow during a launch (the host zeroes them): every block counts the
+    // units each kv head has merged up to and including this layer, so the last unit of this
+    // layer is the one whose increment returns that count - 1; nothing is reset between layers.
+    if (c.tid == 0 && nbc > 1) kog_att_units += nbc;
     if (c.b >= NKV * nbc) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = u / nbc, bc = u - g * nbc;
     const int t0 = bc * tpu, t1 = min(ntile, t0 + tpu);
@@ -203,7 +209,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     __syncthreads();
     if (c.tid == 0) {
         kog_fence_acqrel();  // release the block's records (ordered before by the barrier)
-        *flag = atomicAdd(P->attn_cnt + g, 1u) == (unsigned)(nbc - 1);
+        *flag = atomicAdd(P->attn_cnt + g, 1u) == kog_att_units - 1;
         if (*flag) kog_fence_acqrel();  // acquire the other blocks' records
     }
     __syncthreads();
@@ -236,7 +242,6 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         }
 #pragma unroll
         for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
-        if (warp == 0 && lane == 0) P->attn_cnt[g] = 0;
     }
     trace_att(c, l, u, 5);
     return true;
