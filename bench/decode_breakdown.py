@@ -101,6 +101,9 @@ def trace(be, prompt, layers: int) -> None:
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
+    lm = (t[first + 1] - t[first]) / 1e3  # per block, ready -> done
+    print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
+          f"(the critical path above)")
     attention_units(be, t, layers)
 
 

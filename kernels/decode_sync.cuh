@@ -126,6 +126,20 @@ __device__ __noinline__ bool tagged_timeout(const KParams* P, kog_u64 t0, unsign
     return false;
 }
 
+// A word carries the phase a consumer waits for (KOG_EXP 4: any word will do).
+__device__ __forceinline__ bool tag_ready(kog_u64 w, unsigned tag) { return KOG_EXP == 4 || kog_tag_of(w) == tag; }
+
+// After poll round `it` of a tagged wait left words missing: back off (KOG_POLL_NS) and, every
+// 64th round, check the watchdog (t0: when the wait began, 0 until first checked). False: give up.
+__device__ __forceinline__ bool poll_again(const Ctx& c, int it, kog_u64& t0, unsigned tag) {
+    if (KOG_POLL_NS) kog_sleep_ns(KOG_POLL_NS);
+    if ((it & 63) == 0) {
+        if (t0 == 0) t0 = kog_clock_ns();
+        else if (tagged_timeout(c.P, t0, tag)) return false;
+    }
+    return true;
+}
+
 template <int N>
 struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (tid + k NTHR) + {0, 1}
     static constexpr int N2 = N / 2, NV = (N2 + NTHR - 1) / NTHR;
@@ -151,15 +165,11 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
             if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (((pending >> k) & 1u) && (KOG_EXP == 4 || (kog_tag_of(w[k].x) == tag && kog_tag_of(w[k].y) == tag))) {
+            if (((pending >> k) & 1u) && tag_ready(w[k].x, tag) && tag_ready(w[k].y, tag)) {
                 out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
                 pending &= ~(1u << k);
             }
-        if (KOG_POLL_NS && pending) kog_sleep_ns(KOG_POLL_NS);
-        if (pending && (it & 63) == 0) {
-            if (t0 == 0) t0 = kog_clock_ns();
-            else if (tagged_timeout(c.P, t0, tag)) return false;
-        }
+        if (pending && !poll_again(c, it, t0, tag)) return false;
     }
     return true;
 }
@@ -176,15 +186,11 @@ __device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* s
             if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + c.lane + KOG_WAVE * i);
 #pragma unroll
         for (int i = 0; i < n; ++i)
-            if (((pending >> i) & 1u) && (KOG_EXP == 4 || kog_tag_of(w[i]) == tag)) {
+            if (((pending >> i) & 1u) && tag_ready(w[i], tag)) {
                 v[i] = kog_value_of(w[i]);
                 pending &= ~(1u << i);
             }
-        if (KOG_POLL_NS && pending) kog_sleep_ns(KOG_POLL_NS);
-        if (pending && (it & 63) == 0) {
-            if (t0 == 0) t0 = kog_clock_ns();
-            else if (tagged_timeout(c.P, t0, tag)) return false;
-        }
+        if (pending && !poll_again(c, it, t0, tag)) return false;
     }
     return true;
 }
