@@ -205,7 +205,7 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
 }
 
 extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* __restrict__ P) {
-    extern __shared__ __align__(16) float kog_smem[];
+    extern __shared__ __align__(SMEM_ALIGN) float kog_smem[];  // the compiler pads the static part
     __shared__ float red16[NW];
     __shared__ int sint[8 + NW];
     __shared__ float xown[MO::MAXR];  // this block's rows of the residual stream
