@@ -10,7 +10,7 @@ tensor-core products of split-bf16 terms and fused kernels: the CPU reference's 
 fp32 rounding; it writes the KV cache.
 `decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
-and yields tokens while the kernel runs. Cancel is a host-mapped flag the kernel reads once
+(engine/backends/token_wait.py: when to look) and yields tokens while the kernel runs. Cancel is a host-mapped flag the kernel reads once
 per token; every wait inside the kernel has a watchdog, and a timeout comes back as a
 KogError with the device still usable.
 """
@@ -29,6 +29,7 @@ import numpy as np
 from engine import rope
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
+from engine.backends.token_wait import TokenWait
 from engine.errors import KogError
 from engine.paths import cache_dir
 from engine.sampling import SamplingParams
@@ -36,7 +37,6 @@ from engine.sampling import SamplingParams
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 NTHR = 512  # threads per block of the monokernel (kernels/decode.cu: NTHR)
 NBINS = 1024
-POLL_S = 50e-6  # host polling interval for new tokens
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
@@ -418,9 +418,11 @@ class CudaBackend(Backend):
             done = cp.cuda.Event(block=False, disable_timing=True)
             done.record(self.stream)
         emitted, finished = 0, False
+        wait = TokenWait()
         try:
             while True:
                 kernel_done = done.done
+                taken = emitted
                 while emitted < max_tokens and self.h_tokens[emitted] >= 0:
                     yield int(self.h_tokens[emitted])
                     emitted += 1
@@ -428,7 +430,8 @@ class CudaBackend(Backend):
                     break
                 if self._cancel.is_set():
                     self.h_cancel[0] = 1
-                time.sleep(POLL_S)
+                wait.seen(time.perf_counter(), emitted - taken)
+                time.sleep(wait.pause(time.perf_counter()))
             finished = True
         finally:
             if not finished:

@@ -1,0 +1,63 @@
+"""The host's wait for the GPU's next token (engine/backends/token_wait.py): a pure policy over
+given times, so these tests pass times in and never sleep."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.backends.token_wait import TokenWait
+
+
+def steady(wait: TokenWait, gap: float, tokens: int, t0: float = 10.0) -> float:
+    """Tokens taken one by one every `gap` seconds from t0; returns the last time."""
+    t = t0
+    for i in range(tokens):
+        t = t0 + i * gap
+        wait.seen(t, 1)
+    return t
+
+
+def test_sleeps_in_slices_until_a_cadence_is_known():
+    wait = TokenWait(sleep_s=50e-6)
+    assert wait.pause(1.0) == 50e-6
+    wait.seen(1.0, 1)
+    assert wait.pause(1.0001) == 50e-6  # one token: no gap yet
+
+
+def test_yields_around_the_due_time_and_sleeps_before_it():
+    wait = TokenWait(sleep_s=50e-6, early_s=250e-6, late_s=1e-3)
+    last = steady(wait, 1e-3, 10)
+    assert wait.gap == pytest.approx(1e-3)
+    # right after a token: sleep until shortly before the next one is due
+    assert wait.pause(last + 10e-6) == pytest.approx(1e-3 - 250e-6 - 10e-6)
+    # inside the window: only yield
+    assert wait.pause(last + 800e-6) == 0.0
+    assert wait.pause(last + 1e-3) == 0.0
+    assert wait.pause(last + 1.9e-3) == 0.0
+    # a token this late: back to sleeping in slices (a stalled kernel holds no core)
+    assert wait.pause(last + 2.5e-3) == 50e-6
+
+
+def test_sleep_is_bounded_for_slow_cadences():
+    wait = TokenWait(sleep_s=50e-6)
+    last = steady(wait, 0.1, 5)  # 10 tok/s
+    assert wait.pause(last) == wait.longest_s
+    # never shorter than one slice when the window is close
+    assert wait.pause(last + 0.1 - 250e-6 - 10e-6) == 50e-6
+
+
+def test_tokens_taken_together_count_as_that_many_gaps():
+    wait = TokenWait(smoothing=1.0)
+    wait.seen(1.0, 1)
+    wait.seen(1.004, 4)  # four tokens were waiting: 1 ms each
+    assert wait.gap == pytest.approx(1e-3)
+    wait.seen(1.005, 0)  # nothing new: nothing changes
+    assert wait.last == 1.004
+
+
+def test_the_running_gap_follows_a_change_of_pace():
+    wait = TokenWait(smoothing=0.25)
+    last = steady(wait, 1e-3, 20)
+    for i in range(1, 30):
+        wait.seen(last + i * 0.5e-3, 1)
+    assert wait.gap == pytest.approx(0.5e-3, rel=0.01)
