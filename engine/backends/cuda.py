@@ -10,9 +10,9 @@ tensor-core products of split-bf16 terms and fused kernels: the CPU reference's 
 fp32 rounding; it writes the KV cache.
 `decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
-(engine/backends/token_wait.py: when to look) and yields tokens while the kernel runs. Cancel is a host-mapped flag the kernel reads once
-per token; every wait inside the kernel has a watchdog, and a timeout comes back as a
-KogError with the device still usable.
+(engine/backends/token_wait.py: when to look) and yields tokens while the kernel runs.
+Cancel is a host-mapped flag the kernel reads once per token; every wait inside the kernel
+has a watchdog, and a timeout comes back as a KogError with the device still usable.
 """
 
 from __future__ import annotations
