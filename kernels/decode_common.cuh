@@ -218,6 +218,7 @@ constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 
 constexpr int RING = KOG_RING;       // granules in flight per warp
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + NW * RING * SLOT * 16;
+static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_TILES % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 
 // The weight ring's state (the ring itself: decode_ring.cuh).
