@@ -56,7 +56,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
     float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
-    float* tiles = qs + ATT_TILES;     // [TBR] x {K [32][KT], V [32][D]}, after pbuf
+    float* tiles = qs + ATT_TILES;     // [TBR] x {K [32][KT], V [32][D]}, right after pbuf
     int* flag = reinterpret_cast<int*>(tiles + TBR * TILE_F);
     const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
     float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;

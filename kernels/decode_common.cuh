@@ -50,8 +50,8 @@ constexpr int DL = D / KOG_WAVE;  // head dims per lane
 constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
-constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // K/V tiles start 128-byte aligned
-constexpr int ATT_FIXED = ATT_TILES + 4;                                             // + the merge flag after them
+constexpr int ATT_TILES = (G + 2) * D + NW * (D + 2) + NW * 32;  // where the K/V tiles start (floats)
+constexpr int ATT_FIXED = ATT_TILES + 4;                           // + the merge flag after them
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
@@ -209,9 +209,9 @@ constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // Copies into shared memory stream at full rate only into aligned lines (PERF.md v11: the ring
-// 1 KB-aligned ran 6-18% faster than 80 bytes past a 128-byte line, where the static variables
-// had left it): the kernel declares the dynamic region SMEM_ALIGN-aligned (the compiler pads
-// the static part), and the ring after the region starts aligned too.
+// 1 KB-aligned ran 6-18% faster than 64-96 bytes past a 128-byte line, where the static
+// variables had left it): the kernel declares the dynamic region SMEM_ALIGN-aligned (the
+// compiler pads the static part), and the ring after the region starts aligned too.
 constexpr int SMEM_ALIGN = 1024;  // bytes
 constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 // the weight ring lives beside that region (aligned like it): it streams across every phase

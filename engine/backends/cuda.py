@@ -423,11 +423,13 @@ class CudaBackend(Backend):
             while True:
                 kernel_done = done.done
                 taken = emitted
+                last = -1
                 while emitted < max_tokens and self.h_tokens[emitted] >= 0:
-                    yield int(self.h_tokens[emitted])
+                    last = int(self.h_tokens[emitted])
+                    yield last
                     emitted += 1
-                if kernel_done:
-                    break
+                if kernel_done or emitted == max_tokens or last in stop_ids:
+                    break  # the kernel has ended or is ending: the synchronize below waits for it
                 if self._cancel.is_set():
                     self.h_cancel[0] = 1
                 wait.seen(time.perf_counter(), emitted - taken)
