@@ -7,6 +7,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
+  KOG_HOLD=1 holds a phase's last ring refills until the next product's input is staged;
+  --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
   call, so compare versions only side by side; "a+b" combines variants a and b, and a version
@@ -17,7 +19,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready).
 
-    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint]
+    python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
 """
 
@@ -45,6 +47,7 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
     "u-4": {"KOG_U": "4"},
+    "hold": {"KOG_HOLD": "1"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
@@ -155,7 +158,7 @@ def parse_versions(specs: list[str]) -> dict[str, Path]:
     return versions
 
 
-def build(lm, label: str, versions: dict[str, Path], traced: bool = False):
+def build(lm, label: str, versions: dict[str, Path], context: int, traced: bool = False):
     """The backend of a label: 'a+b' combines variants a and b, and at most one part names a
     version (another kernels/ folder) instead of the current one."""
     from engine.backends.cuda import CudaBackend
@@ -168,7 +171,7 @@ def build(lm, label: str, versions: dict[str, Path], traced: bool = False):
             defines.update(VARIANTS[part])
     if traced:
         defines["KOG_TRACE"] = str(TRACE_STEP)
-    return CudaBackend(lm, 512, defines=defines, kernel_dir=folders[0] if folders else None)
+    return CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
 
 
 def check_label(label: str, versions: dict[str, Path]) -> str | None:
@@ -186,6 +189,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,llama-3.2-1b")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
+    ap.add_argument("--context", type=int, default=32, help="prompt tokens before the 256 decoded ones")
     ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
     ap.add_argument("--version", action="append", default=[], metavar="NAME=DIR",
                     help="another version of kernels/, timed as variant NAME (repeatable)")
@@ -206,16 +210,16 @@ def main() -> None:
         lm = loaded_model(hf, name)
         del hf
         torch.cuda.empty_cache()
-        prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(7))
+        prompt = random_prompt(lm.config.vocab_size, args.context, np.random.default_rng(7))
         line = []
         if args.trace != "none":
-            be = build(lm, args.trace, versions, traced=True)
+            be = build(lm, args.trace, versions, args.context, traced=True)
             r = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, lm.config.num_layers)
             be.close()
         for label in labels:
-            be = build(lm, label, versions)
+            be = build(lm, label, versions, args.context)
             r = decode_rates(be, prompt)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             be.close()

@@ -12,6 +12,9 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
+#ifndef KOG_HOLD  // timing experiments: a phase's last ring refills (the next matrix's first granules)
+#define KOG_HOLD 0  // wait until the next product starts, so its input's polls are not queued behind
+#endif              // them (not at QKV's end: O's weights stream during the attention)
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -246,6 +249,7 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     Source src;
     int mat, layer, g;  // mat: 0 QKV, 1 O, 2 gate/up, 3 down, 4 LM head
     unsigned head, tail;  // granules issued / consumed
+    unsigned held;        // refills owed (KOG_HOLD)
 };
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)

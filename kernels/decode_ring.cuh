@@ -41,7 +41,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
 
 __device__ void ring_start(Ctx& c) {
     c.l2_policy = kog_l2_evict_first();
-    c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0;
+    c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
     c.st.src = stream_source(0, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
@@ -56,6 +56,7 @@ template <class M>
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
+    for (; KOG_HOLD && c.st.held; --c.st.held) ring_issue(c);  // the input is staged: refill now
     float4 xa[M::U], xb[M::U];
     if (X_IN_REGS) {
         const int seg = c.warp % M::NSEG;
@@ -83,6 +84,9 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;
         ++c.st.tail;
-        ring_issue(c);
+        // KOG_HOLD: an empty commit group stands in for a held refill, so that the wait above
+        // still finds RING groups after the oldest
+        if (KOG_HOLD && c.st.g >= c.st.src.ngran && c.st.mat != 0) kog_cp_async_commit(), ++c.st.held;
+        else ring_issue(c);
     }
 }
