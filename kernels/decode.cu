@@ -65,7 +65,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_event(c);
         }
         {
-            mv_run<MQKV>(c, xs, red);
+            mv_run<MQKV, 0>(c, xs, red);
             __syncthreads();
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
             for (int r = c.tid; r < nr; r += NTHR) {
@@ -80,13 +80,14 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const unsigned e_qkv = c.epoch;
         // --- attention (reads only its own kv head's q/k/v)
         const bool att_ok = attention(c, l, pos, e_qkv);
+        if (KOG_HOLD == 2) ring_release(c);
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
         if (!stage_copy<QD>(c, xs, P->attn, c.epoch)) return false;
         trace_event(c);
         {
-            mv_run<MO>(c, xs, red);
+            mv_run<MO, 1>(c, xs, red);
             __syncthreads();
             add_to_residual<MO>(c, red, xown);
         }
@@ -95,7 +96,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM)) return false;
         trace_event(c);
         {
-            mv_run<MGU>(c, xs, red);
+            mv_run<MGU, 2>(c, xs, red);
             __syncthreads();
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
             for (int j = c.tid; j < np; j += NTHR) {
@@ -116,7 +117,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             stage_copy_plain<INTER>(c, xs, reinterpret_cast<const float*>(P->act));
         }
         {
-            mv_run<MDN>(c, xs, red);
+            mv_run<MDN, 3>(c, xs, red);
             __syncthreads();
             add_to_residual<MDN>(c, red, xown);
         }
@@ -128,7 +129,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     if (!stage_norm(c, xs, P->x, c.epoch, nullptr, P->ws + S_FINAL)) return false;
     trace_event(c);
     {
-        mv_run<MLM>(c, xs, red);
+        mv_run<MLM, 4>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
         Best best = {-KOG_INF, 0x7fffffff};

@@ -14,7 +14,8 @@
 #endif
 #ifndef KOG_HOLD  // timing experiments: a phase's last ring refills (the next matrix's first granules)
 #define KOG_HOLD 0  // wait until the next product starts, so its input's polls are not queued behind
-#endif              // them (not at QKV's end: O's weights stream during the attention)
+#endif              // them; 1: at the ends of O, gate/up and down, 2: at QKV's end too (O streams
+                    // during the attention), until the block's attention work is done
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32

@@ -46,17 +46,22 @@ __device__ void ring_start(Ctx& c) {
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
+// KOG_HOLD: issue the refills a phase's end held back.
+__device__ __forceinline__ void ring_release(Ctx& c) {
+    for (; KOG_HOLD && c.st.held; --c.st.held) ring_issue(c);
+}
+
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
 // takes granules warp, warp + NW, ... from the ring, refilling it as it goes. Where NW is a
 // multiple of the segments per row, every granule of a warp covers the same K-segment, so each
 // lane keeps its 8U inputs in registers for the whole product: shared memory then serves only
 // the weights (per 16-byte weight vector, 16 bytes read instead of 48), which is what bounds
 // how fast a warp empties its ring slots.
-template <class M>
+template <class M, int MAT>  // MAT: the matrix's place in the stream (Stream::mat)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
-    for (; KOG_HOLD && c.st.held; --c.st.held) ring_issue(c);  // the input is staged: refill now
+    ring_release(c);  // the input is staged: refill now
     float4 xa[M::U], xb[M::U];
     if (X_IN_REGS) {
         const int seg = c.warp % M::NSEG;
@@ -84,9 +89,11 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;
         ++c.st.tail;
-        // KOG_HOLD: an empty commit group stands in for a held refill, so that the wait above
-        // still finds RING groups after the oldest
-        if (KOG_HOLD && c.st.g >= c.st.src.ngran && c.st.mat != 0) kog_cp_async_commit(), ++c.st.held;
+        // KOG_HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
+        // that the wait above still finds RING groups after the oldest). Never after the LM head:
+        // the next token's first weights stream while it is chosen.
+        constexpr bool HOLDS = KOG_HOLD && MAT != 4 && (MAT != 0 || KOG_HOLD == 2);
+        if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
         else ring_issue(c);
     }
 }
