@@ -7,8 +7,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
-  KOG_HOLD=1 holds a phase's last ring refills until the next product's input is staged (2: at
-  QKV's end too, until the block's attention work is done);
+  KOG_HOLD=1 holds ring refills for a later matrix than the one being consumed until the next
+  product's input is staged (2: during QKV too, until the block's attention work is done);
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to

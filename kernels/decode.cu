@@ -65,7 +65,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_event(c);
         }
         {
-            mv_run<MQKV, 0>(c, xs, red);
+            mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
             for (int r = c.tid; r < nr; r += NTHR) {
@@ -87,7 +87,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!stage_copy<QD>(c, xs, P->attn, c.epoch)) return false;
         trace_event(c);
         {
-            mv_run<MO, 1>(c, xs, red);
+            mv_run<MO, MAT_O>(c, xs, red);
             __syncthreads();
             add_to_residual<MO>(c, red, xown);
         }
@@ -96,7 +96,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM)) return false;
         trace_event(c);
         {
-            mv_run<MGU, 2>(c, xs, red);
+            mv_run<MGU, MAT_GU>(c, xs, red);
             __syncthreads();
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
             for (int j = c.tid; j < np; j += NTHR) {
@@ -117,7 +117,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             stage_copy_plain<INTER>(c, xs, reinterpret_cast<const float*>(P->act));
         }
         {
-            mv_run<MDN, 3>(c, xs, red);
+            mv_run<MDN, MAT_DN>(c, xs, red);
             __syncthreads();
             add_to_residual<MDN>(c, red, xown);
         }
@@ -129,7 +129,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     if (!stage_norm(c, xs, P->x, c.epoch, nullptr, P->ws + S_FINAL)) return false;
     trace_event(c);
     {
-        mv_run<MLM, 4>(c, xs, red);
+        mv_run<MLM, MAT_LM>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
         Best best = {-KOG_INF, 0x7fffffff};

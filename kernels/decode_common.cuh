@@ -12,9 +12,9 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
-#ifndef KOG_HOLD  // timing experiments: a phase's last ring refills (the next matrix's first granules)
+#ifndef KOG_HOLD  // timing experiments: ring refills for a later matrix than the one being consumed
 #define KOG_HOLD 0  // wait until the next product starts, so its input's polls are not queued behind
-#endif              // them; 1: at the ends of O, gate/up and down, 2: at QKV's end too (O streams
+#endif              // them; 1: while O, gate/up and down are consumed, 2: during QKV too (O streams
                     // during the attention), until the block's attention work is done
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
@@ -235,20 +235,22 @@ __device__ __forceinline__ Source source_of(const unsigned short* w, long long o
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
     return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U};
 }
+// The matrices in the order the forward pass (and so the weight stream) takes them.
+enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {
-        case 0: return source_of<MQKV>(w, wl + OFF_QKV, b);
-        case 1: return source_of<MO>(w, wl + OFF_O, b);
-        case 2: return source_of<MGU>(w, wl + OFF_GU, b);
-        case 3: return source_of<MDN>(w, wl + OFF_DN, b);
+        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b);
+        case MAT_O: return source_of<MO>(w, wl + OFF_O, b);
+        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b);
+        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b);
         default: return source_of<MLM>(w, OFF_LMH, b);
     }
 }
 
 struct Stream {  // the next granule this warp issues, and the ring's counters
     Source src;
-    int mat, layer, g;  // mat: 0 QKV, 1 O, 2 gate/up, 3 down, 4 LM head
+    int mat, layer, g;  // mat: MAT_QKV .. MAT_LM
     unsigned head, tail;  // granules issued / consumed
     unsigned held;        // refills owed (KOG_HOLD)
 };

@@ -12,9 +12,9 @@
 
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
-    if (s.mat == 4) s.mat = 0, s.layer = 0;
-    else if (s.mat == 3 && s.layer == NL - 1) s.mat = 4;
-    else if (s.mat == 3) s.mat = 0, ++s.layer;
+    if (s.mat == MAT_LM) s.mat = MAT_QKV, s.layer = 0;
+    else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
+    else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
     else ++s.mat;
     s.src = stream_source(s.mat, s.layer, w, b);
     s.g = warp;
@@ -41,7 +41,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
 
 __device__ void ring_start(Ctx& c) {
     c.l2_policy = kog_l2_evict_first();
-    c.st.mat = 0, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
+    c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
     c.st.src = stream_source(0, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
@@ -57,7 +57,7 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 // lane keeps its 8U inputs in registers for the whole product: shared memory then serves only
 // the weights (per 16-byte weight vector, 16 bytes read instead of 48), which is what bounds
 // how fast a warp empties its ring slots.
-template <class M, int MAT>  // MAT: the matrix's place in the stream (Stream::mat)
+template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
@@ -92,7 +92,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         // KOG_HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
         // the next token's first weights stream while it is chosen.
-        constexpr bool HOLDS = KOG_HOLD && MAT != 4 && (MAT != 0 || KOG_HOLD == 2);
+        constexpr bool HOLDS = KOG_HOLD && MAT != MAT_LM && (MAT != MAT_QKV || KOG_HOLD == 2);
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
         else ring_issue(c);
     }
