@@ -234,10 +234,12 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     ring_start(c);  // the first token's weights stream while it is chosen
 
     bool ok = true;
-    if (P->debug_hang && c.b == 0) {  // test knob: wait for a flag that never comes
+    if (P->debug == DEBUG_HANG && c.b == 0) {  // test knob: wait for a flag that never comes
         if (c.warp == 0) wave_wait(c, 0, 0, 0xffffffffu);
         ok = false;
     }
+    if (P->debug == DEBUG_FAULT && c.b == 0 && c.tid == 0)  // test knob: a misaligned 16-byte store
+        *reinterpret_cast<float4*>(kog_smem + 3) = make_float4(0.f, 0.f, 0.f, 0.f);
     int pos = (int)P->start_pos, fed = 0, out = 0, reason = 0;
     for (int step = 0; ok; ++step) {
         int token = 0, cancel = 0;

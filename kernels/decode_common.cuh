@@ -97,6 +97,7 @@ constexpr float FIX = 1099511627776.0f;  // 2^40: probabilities as exact-sum fix
 enum { ST_ERROR = 0, ST_OUT = 1, ST_FED = 2, ST_REASON = 3, ST_APPROX = 4, ST_WHERE = 5, ST_BLOCK = 6 };
 enum { ERR_TIMEOUT = 1, ERR_BAD_ARGS = 3 };
 enum { R_STOP = 1, R_LENGTH = 2, R_CONTEXT = 3, R_CANCEL = 4 };
+enum { DEBUG_HANG = 1, DEBUG_FAULT = 2 };  // the tests' failure knobs (Params::debug)
 
 struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in this order
     const unsigned short* w;
@@ -126,7 +127,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     int* host_tokens;
     const int* host_cancel;
     kog_u64* tok_time;
-    long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug_hang,
+    long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug,
         use_penalty;
     double temperature, top_p, min_p, penalty;
 };

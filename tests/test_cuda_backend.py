@@ -12,6 +12,7 @@ KOG_TEST_SEED reproduces one). Buffers are NaN-poisoned before the kernel runs.
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 import zlib
@@ -317,12 +318,51 @@ def test_watchdog_timeout_is_an_error_not_a_hang(model):
     _fresh(gpu, prompt)
     t = time.perf_counter()
     with pytest.raises(KogError, match="watchdog"):
-        list(gpu.decode(GREEDY, prompt, 16, set(), debug_hang=True, watchdog_s=0.05))
+        list(gpu.decode(GREEDY, prompt, 16, set(), debug="hang", watchdog_s=0.05))
     assert time.perf_counter() - t < 10
     with pytest.raises(KogError):  # no logits until the next prefill
         list(gpu.decode(GREEDY, prompt, 4, set()))
     _fresh(gpu, prompt)
     assert list(gpu.decode(GREEDY, prompt, 16, set())) == toks[:16]
+
+
+# A device fault ends the process's CUDA context, so it runs in a process of its own.
+_FAULT_SCRIPT = """
+import sys
+import numpy as np
+from bench.random_models import build_hf, loaded_model, random_prompt
+from engine.backends.cuda import CudaBackend
+from engine.errors import KogError
+from engine.sampling import SamplingParams
+lm = loaded_model(build_hf(sys.argv[1], int(sys.argv[2])), sys.argv[1])
+gpu = CudaBackend(lm, 256)
+prompt = random_prompt(lm.config.vocab_size, 8, np.random.default_rng(int(sys.argv[2])))
+gpu.prefill(prompt)
+for attempt in ("decode", "next decode"):
+    try:
+        list(gpu.decode(SamplingParams(), prompt, 16, set(), debug="fault"))
+        print(attempt, "ended without an error")
+    except KogError as e:
+        print(attempt, "KogError:", e)
+try:
+    gpu.prefill(prompt)
+    print("prefill worked")
+except KogError as e:
+    print("prefill KogError:", e)
+"""
+
+
+def test_device_fault_is_an_error_not_a_hang(model):
+    if model["name"] != SMALL:
+        pytest.skip("checked on the small model")
+    t = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", _FAULT_SCRIPT, SMALL, str(model["seed"])], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    print(run.stdout, run.stderr[-2000:], f"{time.perf_counter() - t:.1f} s")
+    assert run.returncode == 0
+    lines = run.stdout.splitlines()
+    assert len(lines) == 3 and all("KogError: the GPU faulted during decode" in ln for ln in lines)
+    assert "misaligned" in lines[0].lower()
 
 
 def test_long_context_to_the_window_end(model):

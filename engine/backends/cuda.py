@@ -12,7 +12,9 @@ fp32 rounding; it writes the KV cache.
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
 (engine/backends/token_wait.py: when to look) and yields tokens while the kernel runs.
 Cancel is a host-mapped flag the kernel reads once per token; every wait inside the kernel
-has a watchdog, and a timeout comes back as a KogError with the device still usable.
+has a watchdog, and a timeout comes back as a KogError with the device still usable. A
+device fault (a bad address) ends the process's CUDA context: it comes back as a KogError too,
+and every later call says so instead of failing somewhere inside CuPy.
 """
 
 from __future__ import annotations
@@ -38,13 +40,15 @@ KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 NTHR = 512  # threads per block of the monokernel (kernels/decode.cu: NTHR)
 NBINS = 1024
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
+_NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
+_DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DEBUG_HANG, DEBUG_FAULT)
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
     "w ws kc vc rcos rsin x qkv attn part act logits keys bins hist_cnt hist_mass slot_val slot_idx "
     "flags attn_cnt ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
-_INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug_hang use_penalty".split()
+_INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
 
@@ -148,6 +152,7 @@ class CudaBackend(Backend):
             self._prefill = CudaPrefill(self, self.pmod)
         self.stream.synchronize()
         self.logits_valid = False
+        self.lost: str | None = None  # why the CUDA context is unusable, after a device fault
         self.last_logits: np.ndarray | None = None
         self.last_status: dict = {}
         self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
@@ -330,6 +335,7 @@ class CudaBackend(Backend):
     def prefill(self, tokens: list[int]) -> np.ndarray:
         if self.cached_tokens + len(tokens) > self.max_context:
             raise ValueError("prefill past the end of the context")
+        self._check_alive()
         if not tokens:
             return self.last_logits
         with self.device, self.stream:
@@ -341,9 +347,28 @@ class CudaBackend(Backend):
         self.last_logits = logits
         return logits
 
+    # ---- device faults -------------------------------------------------------------------
+    def _check_alive(self) -> None:
+        if self.lost:
+            raise KogError(self.lost)
+
+    def _fault(self, error: Exception) -> KogError:
+        """A device fault is sticky: nothing on this CUDA context works again in this process."""
+        self.lost = f"the GPU faulted during decode ({error}); restart kog to use the GPU again"
+        self.logits_valid = False
+        return KogError(self.lost)
+
+    def _kernel_ended(self, event) -> bool:
+        """Whether the work before `event` has ended. (CuPy's `Event.done` reads a faulted kernel
+        as "not yet", which would keep the host waiting for tokens forever.)"""
+        status = self.cp.cuda.runtime.eventQuery(event.ptr)
+        if status in (0, _NOT_READY):
+            return status == 0
+        raise self._fault(self.cp.cuda.runtime.CUDARuntimeError(status))
+
     # ---- decode --------------------------------------------------------------------------
     def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
-                     debug_hang: bool, timeout_s: float) -> None:
+                     debug: str, timeout_s: float) -> None:
         host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel}
         ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
         ints = {
@@ -355,7 +380,7 @@ class CudaBackend(Backend):
             "top_k": params.top_k,
             "seed": params.seed & ((1 << 64) - 1),
             "timeout_ns": int(timeout_s * 1e9),
-            "debug_hang": int(debug_hang),
+            "debug": _DEBUG[debug],
             "use_penalty": int(use_penalty),
         }
         floats = {
@@ -381,11 +406,12 @@ class CudaBackend(Backend):
         max_tokens: int,
         stop_ids: set[int],
         *,
-        debug_hang: bool = False,
+        debug: str = "",
         watchdog_s: float = WATCHDOG_S,
     ) -> Iterator[int]:
-        """See Backend.decode. `debug_hang`/`watchdog_s` exist for the watchdog test only."""
+        """See Backend.decode. `debug` ("hang", "fault") and `watchdog_s` exist for the tests only."""
         cp, c = self.cp, self.config
+        self._check_alive()
         if max_tokens < 1 or self._cancel.is_set():
             return
         if not self.logits_valid:
@@ -408,7 +434,7 @@ class CudaBackend(Backend):
             for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x,
                       self.qkv, self.attn, self.act):
                 a.fill(0)
-            self._fill_params(params, max_tokens, len(stops), use_penalty, debug_hang, watchdog_s)
+            self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
             try:
@@ -421,7 +447,7 @@ class CudaBackend(Backend):
         wait = TokenWait()
         try:
             while True:
-                kernel_done = done.done
+                kernel_done = self._kernel_ended(done)
                 taken = emitted
                 last = -1
                 while emitted < max_tokens and self.h_tokens[emitted] >= 0:
@@ -438,8 +464,11 @@ class CudaBackend(Backend):
         finally:
             if not finished:
                 self.h_cancel[0] = 1
-            self.stream.synchronize()
-            st = self.status.get()
+            try:
+                self.stream.synchronize()
+                st = self.status.get()
+            except cp.cuda.runtime.CUDARuntimeError as e:
+                raise self._fault(e) from None
             self.last_status = {
                 "error": int(st[0]), "tokens": int(st[1]), "fed": int(st[2]), "reason": int(st[3]),
                 "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]),
