@@ -7,8 +7,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
-  KOG_HOLD=1 holds ring refills for a later matrix than the one being consumed until the next
-  product's input is staged (2: during QKV too, until the block's attention work is done);
+  KOG_HOLD=mask (bit 0 QKV .. 3 down): while a matrix in the mask is consumed, ring refills for
+  a later matrix wait until the next product's input is staged (QKV's: until the block's
+  attention work is done); hold-o holds gate/up's first granules until its input is staged;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -48,8 +49,12 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
     "u-4": {"KOG_U": "4"},
-    "hold": {"KOG_HOLD": "1"},
-    "hold-all": {"KOG_HOLD": "2"},
+    "hold-qkv": {"KOG_HOLD": "1"},
+    "hold-o": {"KOG_HOLD": "2"},
+    "hold-gu": {"KOG_HOLD": "4"},
+    "hold-dn": {"KOG_HOLD": "8"},
+    "hold": {"KOG_HOLD": "14"},
+    "hold-all": {"KOG_HOLD": "15"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV

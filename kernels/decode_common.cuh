@@ -12,10 +12,10 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
-#ifndef KOG_HOLD  // timing experiments: ring refills for a later matrix than the one being consumed
-#define KOG_HOLD 0  // wait until the next product starts, so its input's polls are not queued behind
-#endif              // them; 1: while O, gate/up and down are consumed, 2: during QKV too (O streams
-                    // during the attention), until the block's attention work is done
+#ifndef KOG_HOLD  // timing experiments: a mask of matrices (bit MAT_QKV .. MAT_DN); while one of them is
+#define KOG_HOLD 0  // consumed, ring refills for a later matrix wait until the next product starts, so
+#endif              // that its input's polls are not queued behind them (QKV's: until the block's
+                    // attention work is done; O streams during the attention)
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32

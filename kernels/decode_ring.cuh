@@ -92,7 +92,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         // KOG_HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
         // the next token's first weights stream while it is chosen.
-        constexpr bool HOLDS = KOG_HOLD && MAT != MAT_LM && (MAT != MAT_QKV || KOG_HOLD == 2);
+        constexpr bool HOLDS = MAT != MAT_LM && (KOG_HOLD >> MAT & 1);
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
         else ring_issue(c);
     }

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -51,6 +52,27 @@ _PTR_FIELDS = (
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
+
+
+def _quiet_cuda_teardown() -> None:
+    """After a device fault CuPy's destructors (events, modules, memory) fail again one by one,
+    many of them as the process ends, each printing a traceback (through sys.unraisablehook, or
+    sys.excepthook from Cython) that says nothing the KogError did not: drop those."""
+    if getattr(sys.unraisablehook, "kog_quiet", False):
+        return
+    cuda_errors = frozenset(("CUDARuntimeError", "CUDADriverError"))
+
+    # no globals or builtins inside: these may run while the interpreter is being torn down
+    def unraisable(u, previous=sys.unraisablehook, cuda_errors=cuda_errors):
+        if u.exc_type.__name__ not in cuda_errors:
+            previous(u)
+
+    def excepthook(kind, value, tb, previous=sys.excepthook, cuda_errors=cuda_errors):
+        if kind.__name__ not in cuda_errors:
+            previous(kind, value, tb)
+
+    unraisable.kog_quiet = True
+    sys.unraisablehook, sys.excepthook = unraisable, excepthook
 
 
 class Layout:
@@ -356,6 +378,7 @@ class CudaBackend(Backend):
         """A device fault is sticky: nothing on this CUDA context works again in this process."""
         self.lost = f"the GPU faulted during decode ({error}); restart kog to use the GPU again"
         self.logits_valid = False
+        _quiet_cuda_teardown()
         return KogError(self.lost)
 
     def _kernel_ended(self, event) -> bool:
