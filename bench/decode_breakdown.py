@@ -7,9 +7,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
-  KOG_HOLD=mask (bit 0 QKV .. 3 down): while a matrix in the mask is consumed, ring refills for
-  a later matrix wait until the next product's input is staged (QKV's: until the block's
-  attention work is done); hold-o holds gate/up's first granules until its input is staged;
+  KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
+  consumed, ring refills for a later matrix wait until the next product's input is staged
+  (QKV's: until the block's attention work is done); hold-none: refills never wait;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -49,6 +49,7 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
     "u-4": {"KOG_U": "4"},
+    "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
     "hold-gu": {"KOG_HOLD": "4"},

@@ -80,7 +80,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const unsigned e_qkv = c.epoch;
         // --- attention (reads only its own kv head's q/k/v)
         const bool att_ok = attention(c, l, pos, e_qkv);
-        if (KOG_HOLD >> MAT_QKV & 1) ring_release(c);
+        if (HOLD >> MAT_QKV & 1) ring_release(c);
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual

@@ -12,10 +12,9 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
-#ifndef KOG_HOLD  // timing experiments: a mask of matrices (bit MAT_QKV .. MAT_DN); while one of them is
-#define KOG_HOLD 0  // consumed, ring refills for a later matrix wait until the next product starts, so
-#endif              // that its input's polls are not queued behind them (QKV's: until the block's
-                    // attention work is done; O streams during the attention)
+#ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
+#define KOG_HOLD -1
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -238,6 +237,14 @@ __device__ __forceinline__ Source source_of(const unsigned short* w, long long o
 }
 // The matrices in the order the forward pass (and so the weight stream) takes them.
 enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
+// The matrices (bit MAT_QKV .. MAT_DN) whose consumption holds the ring's refills for the next
+// matrix until that product's input is staged (QKV's: until the block's attention is done), so
+// the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
+// always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
+// every phase's do: a refill issued early there gains nothing and delays the next input.
+constexpr bool LAYER_IN_RING = 2 * LSTRIDE / NBLK <= (long long)NW * RING * SLOT * 16;
+constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
+                   : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {
@@ -253,7 +260,7 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     Source src;
     int mat, layer, g;  // mat: MAT_QKV .. MAT_LM
     unsigned head, tail;  // granules issued / consumed
-    unsigned held;        // refills owed (KOG_HOLD)
+    unsigned held;        // refills owed (HOLD)
 };
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)

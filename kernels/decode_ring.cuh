@@ -46,9 +46,9 @@ __device__ void ring_start(Ctx& c) {
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
-// KOG_HOLD: issue the refills a phase's end held back.
+// HOLD: issue the refills a phase's end held back.
 __device__ __forceinline__ void ring_release(Ctx& c) {
-    for (; KOG_HOLD && c.st.held; --c.st.held) ring_issue(c);
+    for (; HOLD && c.st.held; --c.st.held) ring_issue(c);
 }
 
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
@@ -89,10 +89,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;
         ++c.st.tail;
-        // KOG_HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
+        // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
         // the next token's first weights stream while it is chosen.
-        constexpr bool HOLDS = MAT != MAT_LM && (KOG_HOLD >> MAT & 1);
+        constexpr bool HOLDS = MAT != MAT_LM && (HOLD >> MAT & 1);
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
         else ring_issue(c);
     }

@@ -62,14 +62,21 @@ def _quiet_cuda_teardown() -> None:
         return
     cuda_errors = frozenset(("CUDARuntimeError", "CUDADriverError"))
 
-    # no globals or builtins inside: these may run while the interpreter is being torn down
+    # no globals or builtins inside, and nothing raised: these also run while the interpreter is
+    # torn down, when even the default hooks fail (no sys.stderr left)
     def unraisable(u, previous=sys.unraisablehook, cuda_errors=cuda_errors):
-        if u.exc_type.__name__ not in cuda_errors:
-            previous(u)
+        try:
+            if u.exc_type.__name__ not in cuda_errors:
+                previous(u)
+        except:  # noqa: E722
+            pass
 
     def excepthook(kind, value, tb, previous=sys.excepthook, cuda_errors=cuda_errors):
-        if kind.__name__ not in cuda_errors:
-            previous(kind, value, tb)
+        try:
+            if kind.__name__ not in cuda_errors:
+                previous(kind, value, tb)
+        except:  # noqa: E722
+            pass
 
     unraisable.kog_quiet = True
     sys.unraisablehook, sys.excepthook = unraisable, excepthook
