@@ -1,3 +1,3 @@
-from kogcli.main import app
+from kogcli.main import run
 
-app(prog_name="kog")
+run()

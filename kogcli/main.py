@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import __version__
+from engine.backends.cuda import end_process_after_fault
 from engine.errors import KogError
 from kogcli.common import err, user_errors
 
@@ -138,3 +139,12 @@ chat.register(app)
 
 from kogcli import agent  # noqa: E402
 agent.register(app)
+
+
+def run() -> None:
+    """The `kog` command."""
+    try:
+        app(prog_name="kog")
+    except SystemExit as e:
+        end_process_after_fault(e.code if isinstance(e.code, int) else 1)
+        raise

@@ -331,7 +331,7 @@ _FAULT_SCRIPT = """
 import sys
 import numpy as np
 from bench.random_models import build_hf, loaded_model, random_prompt
-from engine.backends.cuda import CudaBackend
+from engine.backends.cuda import CudaBackend, end_process_after_fault
 from engine.errors import KogError
 from engine.sampling import SamplingParams
 lm = loaded_model(build_hf(sys.argv[1], int(sys.argv[2])), sys.argv[1])
@@ -349,6 +349,8 @@ try:
     print("prefill worked")
 except KogError as e:
     print("prefill KogError:", e)
+end_process_after_fault(0)  # as the kog command does
+print("the process went on")
 """
 
 

@@ -54,16 +54,28 @@ _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
 
 
+_faulted = False  # a device fault has ended this process's CUDA context
+
+
+def end_process_after_fault(code: int) -> None:
+    """Exit now, skipping Python's teardown, if a device fault has ended the CUDA context: the
+    teardown frees CuPy's objects on the dead context, and each failed free prints a traceback
+    that no hook catches that late. Returns if there was no fault."""
+    if _faulted:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
 def _quiet_cuda_teardown() -> None:
-    """After a device fault CuPy's destructors (events, modules, memory) fail again one by one,
-    many of them as the process ends, each printing a traceback (through sys.unraisablehook, or
-    sys.excepthook from Cython) that says nothing the KogError did not: drop those."""
+    """After a device fault CuPy's destructors (events, modules) fail again one by one, each
+    printing a traceback (through sys.unraisablehook, or sys.excepthook from Cython) that says
+    nothing the KogError did not: drop those."""
     if getattr(sys.unraisablehook, "kog_quiet", False):
         return
     cuda_errors = frozenset(("CUDARuntimeError", "CUDADriverError"))
 
-    # no globals or builtins inside, and nothing raised: these also run while the interpreter is
-    # torn down, when even the default hooks fail (no sys.stderr left)
+    # nothing raised, and no globals or builtins: a hook may run while the interpreter stops
     def unraisable(u, previous=sys.unraisablehook, cuda_errors=cuda_errors):
         try:
             if u.exc_type.__name__ not in cuda_errors:
@@ -383,6 +395,8 @@ class CudaBackend(Backend):
 
     def _fault(self, error: Exception) -> KogError:
         """A device fault is sticky: nothing on this CUDA context works again in this process."""
+        global _faulted
+        _faulted = True
         self.lost = f"the GPU faulted during decode ({error}); restart kog to use the GPU again"
         self.logits_valid = False
         _quiet_cuda_teardown()
