@@ -56,11 +56,14 @@ def bench_command(
         raise KogError("--context must be >= 1")
     if quick and len(targets) > 1:
         raise KogError("--quick measures one model; drop --quick to compare several")
+    from engine.pull import fetch
     from engine.registry import Registry
 
-    for target in targets:  # fail on a bad name before minutes of measuring
-        if target is not None:
-            Registry().resolve(target)
+    registry = Registry()
+    for target in targets:  # fail on a bad name, or a default model that cannot be pulled, before minutes of measuring
+        spec = registry.resolve(target or registry.default().name).spec
+        if spec is not None and spec.default:
+            fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
     info = hardware.describe(device)
     if device == "cpu":
         err.print("[yellow]no GPU found: measuring the CPU backend[/yellow]" if not _gpu_present() else "measuring the CPU backend")

@@ -80,3 +80,15 @@ def test_unknown_model():
 @pytest.mark.skipif(cuda_available(), reason="this machine has a GPU")
 def test_gpu_requested_without_a_gpu():
     assert_one_line_error(kog("bench", "--quick", "--device", "cuda"), "needs an NVIDIA GPU")
+
+
+def test_default_model_that_cannot_be_pulled_fails_before_measuring(tmp_path):
+    """The default model is pulled on first use: offline, that fails before any model is measured."""
+    from tests.test_pull import closed_port
+
+    env = {"KOG_HOME": str(tmp_path / "home"), "PIP_CONFIG_FILE": "/dev/null", "PIP_RETRIES": "1",
+           "PIP_INDEX_URL": f"http://127.0.0.1:{closed_port()}/simple"}
+    result = kog("bench", "--device", "cpu", "--model", "smollm2-360m-instruct", "--model", "smollm2-135m-instruct",
+                 "--tokens", "3", "--runs", "1", env=env)
+    assert_one_line_error(result, "cannot reach the package index", chatter_before=True)
+    assert "measuring" not in result.stderr
