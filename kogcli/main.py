@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import __version__
-from engine.backends.cuda import end_process_after_fault
+from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
 from kogcli.common import err, user_errors
 

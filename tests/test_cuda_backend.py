@@ -331,7 +331,8 @@ _FAULT_SCRIPT = """
 import sys
 import numpy as np
 from bench.random_models import build_hf, loaded_model, random_prompt
-from engine.backends.cuda import CudaBackend, end_process_after_fault
+from engine.backends.cuda import CudaBackend
+from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
 from engine.sampling import SamplingParams
 lm = loaded_model(build_hf(sys.argv[1], int(sys.argv[2])), sys.argv[1])

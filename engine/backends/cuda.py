@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from engine import rope
+from engine.backends import cuda_fault
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.token_wait import TokenWait
@@ -52,46 +52,6 @@ _PTR_FIELDS = (
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
-
-
-_faulted = False  # a device fault has ended this process's CUDA context
-
-
-def end_process_after_fault(code: int) -> None:
-    """Exit now, skipping Python's teardown, if a device fault has ended the CUDA context: the
-    teardown frees CuPy's objects on the dead context, and each failed free prints a traceback
-    that no hook catches that late. Returns if there was no fault."""
-    if _faulted:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-
-
-def _quiet_cuda_teardown() -> None:
-    """After a device fault CuPy's destructors (events, modules) fail again one by one, each
-    printing a traceback (through sys.unraisablehook, or sys.excepthook from Cython) that says
-    nothing the KogError did not: drop those."""
-    if getattr(sys.unraisablehook, "kog_quiet", False):
-        return
-    cuda_errors = frozenset(("CUDARuntimeError", "CUDADriverError"))
-
-    # nothing raised, and no globals or builtins: a hook may run while the interpreter stops
-    def unraisable(u, previous=sys.unraisablehook, cuda_errors=cuda_errors):
-        try:
-            if u.exc_type.__name__ not in cuda_errors:
-                previous(u)
-        except:  # noqa: E722
-            pass
-
-    def excepthook(kind, value, tb, previous=sys.excepthook, cuda_errors=cuda_errors):
-        try:
-            if kind.__name__ not in cuda_errors:
-                previous(kind, value, tb)
-        except:  # noqa: E722
-            pass
-
-    unraisable.kog_quiet = True
-    sys.unraisablehook, sys.excepthook = unraisable, excepthook
 
 
 class Layout:
@@ -395,11 +355,9 @@ class CudaBackend(Backend):
 
     def _fault(self, error: Exception) -> KogError:
         """A device fault is sticky: nothing on this CUDA context works again in this process."""
-        global _faulted
-        _faulted = True
+        cuda_fault.mark()
         self.lost = f"the GPU faulted during decode ({error}); restart kog to use the GPU again"
         self.logits_valid = False
-        _quiet_cuda_teardown()
         return KogError(self.lost)
 
     def _kernel_ended(self, event) -> bool:
