@@ -221,7 +221,8 @@ constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 
 // the weight ring lives beside that region (aligned like it): it streams across every phase
 constexpr int RING = KOG_RING;       // granules in flight per warp
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
-constexpr int SMEM_BYTES = SM_FLOATS * 4 + NW * RING * SLOT * 16;
+constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
+constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_TILES % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 
@@ -242,7 +243,7 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
 // always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
 // every phase's do: a refill issued early there gains nothing and delays the next input.
-constexpr bool LAYER_IN_RING = 2 * LSTRIDE / NBLK <= (long long)NW * RING * SLOT * 16;
+constexpr bool LAYER_IN_RING = 2 * LSTRIDE / NBLK <= RING_BYTES;
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {

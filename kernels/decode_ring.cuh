@@ -42,7 +42,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
 __device__ void ring_start(Ctx& c) {
     c.l2_policy = kog_l2_evict_first();
     c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
-    c.st.src = stream_source(0, 0, c.P->w, c.b);
+    c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
