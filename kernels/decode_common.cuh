@@ -6,8 +6,11 @@
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
 #endif             // tokens: what streaming and the math cost when no block waits for another)
-#ifndef KOG_RING  // weight granules in flight per warp (2 KB each): 2, 3 and 4 stream alike (PERF.md v10)
-#define KOG_RING 3
+#ifndef KOG_NTHR  // threads per block: 384 leaves 168 registers per thread, 256 255 (512: 128, with spills)
+#define KOG_NTHR 384
+#endif
+#ifndef KOG_RING  // weight granules in flight per warp (2 KB each): 96 KB per block
+#define KOG_RING (1536 / KOG_NTHR)
 #endif
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
@@ -42,7 +45,7 @@ constexpr int NBLK = KOG_NBLK;
 constexpr float EPS = KOG_EPS;
 constexpr float SCALE = KOG_SCALE;
 
-constexpr int NTHR = 512;
+constexpr int NTHR = KOG_NTHR;
 constexpr int NW = NTHR / KOG_WAVE;
 constexpr int G = NH / NKV;  // query heads per kv head
 constexpr int QD = NH * D;
@@ -53,7 +56,7 @@ constexpr int DL = D / KOG_WAVE;  // head dims per lane
 constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
-constexpr int ATT_TILES = (G + 2) * D + NW * (D + 2) + NW * 32;  // where the K/V tiles start (floats)
+constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
 constexpr int ATT_FIXED = ATT_TILES + 4;                           // + the merge flag after them
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round

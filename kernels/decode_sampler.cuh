@@ -289,17 +289,20 @@ __device__ int sample_token(const Ctx& c, int step, float smax) {
     const KParams* P = c.P;
     SampleSmem s = sample_smem(c);
     // histogram -> inclusive prefix sums; clear the global histogram for the next step
-    const int per = NBINS / NTHR;  // 2
+    constexpr int per = (NBINS + NTHR - 1) / NTHR;  // bins per thread, in thread order
     unsigned cl[per];
     kog_u64 ml[per];
     kog_u64 csum = 0, msum = 0;
 #pragma unroll
     for (int k = 0; k < per; ++k) {
         const int b = c.tid * per + k;
-        cl[k] = kog_ldcg_u32(P->hist_cnt + b);
-        ml[k] = kog_ldcg_u64(P->hist_mass + b);
-        P->hist_cnt[b] = 0;
-        P->hist_mass[b] = 0;
+        cl[k] = 0, ml[k] = 0;
+        if (b < NBINS) {
+            cl[k] = kog_ldcg_u32(P->hist_cnt + b);
+            ml[k] = kog_ldcg_u64(P->hist_mass + b);
+            P->hist_cnt[b] = 0;
+            P->hist_mass[b] = 0;
+        }
         csum += cl[k];
         msum += ml[k];
     }
@@ -311,8 +314,7 @@ __device__ int sample_token(const Ctx& c, int step, float smax) {
         const int b = c.tid * per + k;
         cex += cl[k];
         mex += ml[k];
-        s.cnt[b] = (unsigned)cex;
-        s.mass[b] = mex;
+        if (b < NBINS) s.cnt[b] = (unsigned)cex, s.mass[b] = mex;
     }
     __syncthreads();
     const long long V = (long long)ctot;

@@ -38,7 +38,6 @@ from engine.paths import cache_dir
 from engine.sampling import SamplingParams
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
-NTHR = 512  # threads per block of the monokernel (kernels/decode.cu: NTHR)
 NBINS = 1024
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
 _NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
@@ -220,15 +219,16 @@ class CudaBackend(Backend):
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
         k, lay = self.kernel_info, self.lay
-        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, NTHR, self.nblk, NBINS)
+        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
-                  k["nthr"], k["nblk"], k["nbins"])
+                  k["nblk"], k["nbins"])
+        self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
         try:
             from cupy_backends.cuda.api import driver
 
-            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k_decode.kernel.ptr, NTHR, self.smem)
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k_decode.kernel.ptr, self.nthr, self.smem)
         except Exception:  # noqa: BLE001 - the cooperative launch checks co-residency as well
             per_sm = 1
         if per_sm < 1:
@@ -440,7 +440,7 @@ class CudaBackend(Backend):
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
             try:
-                self.k_decode((self.nblk,), (NTHR,), (self.params,), shared_mem=self.smem, stream=self.stream)
+                self.k_decode((self.nblk,), (self.nthr,), (self.params,), shared_mem=self.smem, stream=self.stream)
             except Exception as e:  # noqa: BLE001 - a launch refused (co-residency, resources)
                 raise KogError(f"cannot launch the decode kernel: {type(e).__name__}: {e}") from None
             done = cp.cuda.Event(block=False, disable_timing=True)
