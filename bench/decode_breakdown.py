@@ -67,17 +67,21 @@ LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", 
                 "down ready", "down done")
 
 
-def decode_rates(be, prompt, runs: int = 4) -> float:
+def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
+    """Median decode rate after a warm-up run, and the median p99 / p50 of the gaps between tokens,
+    both from the kernel's own stamps (host delivery left out)."""
     from engine.sampling import SamplingParams
 
-    rates = []
+    rates, tails = [], []
     for _ in range(runs):
         be.truncate(0)
         be.prefill(prompt)
         list(be.decode(SamplingParams(), prompt, 256, set()))
         ts = be.token_times_ns.astype(np.float64) * 1e-9
+        gaps = np.diff(ts)
         rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
-    return float(np.median(rates[1:]))
+        tails.append(np.percentile(gaps, 99) / np.percentile(gaps, 50))
+    return float(np.median(rates[1:])), float(np.median(tails[1:]))
 
 
 def trace(be, prompt, layers: int) -> None:
@@ -225,14 +229,14 @@ def main() -> None:
         line = []
         if args.trace != "none":
             be = build(lm, args.trace, versions, args.context, traced=True)
-            r = decode_rates(be, prompt)
+            r, _ = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, lm.config.num_layers)
             be.close()
         for label in labels:
             be = build(lm, label, versions, args.context)
-            r = decode_rates(be, prompt)
-            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
+            r, tail = decode_rates(be, prompt)
+            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50)")
             be.close()
             print(f"  {name}: {line[-1]}", flush=True)
         print(f"{name}: " + "; ".join(line), flush=True)
