@@ -17,7 +17,7 @@
 // phase waits for its input.
 //
 // Matrix-vector products: each block owns a contiguous range of output rows (the tensor-
-// parallel split of a later issue is the same cut one level up); within a block, 16 warps
+// parallel split of a later issue is the same cut one level up); within a block, the warps
 // take (row, K-segment) granules, each lane streaming U 16-byte weight vectors per granule.
 // Partial sums meet in shared memory in a fixed order: results are deterministic.
 //
