@@ -49,9 +49,9 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
     "u-4": {"KOG_U": "4"},
-    "nthr-256": {"KOG_NTHR": "256", "KOG_RING": "6"},
-    "nthr-384": {"KOG_NTHR": "384", "KOG_RING": "4"},
-    "nthr-512": {"KOG_NTHR": "512", "KOG_RING": "3"},
+    "nthr-256": {"KOG_NTHR": "256"},  # the ring follows the block size (KOG_RING: 96 KB per block)
+    "nthr-384": {"KOG_NTHR": "384"},
+    "nthr-512": {"KOG_NTHR": "512"},
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

@@ -222,9 +222,9 @@ class CudaBackend(Backend):
         mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
                   k["nblk"], k["nbins"])
-        self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
+        self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
         try:
             from cupy_backends.cuda.api import driver
 
