@@ -229,7 +229,6 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     __syncthreads();
-    if (c.tid == 0) kog_att_units = 0;
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen
 

@@ -8,8 +8,8 @@
 // shared memory once for the G heads that read them; the old tiles' loads are issued before
 // waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
 // softmax state; the warps of a head merge in shared memory, and when a kv head spans several
-// blocks their partial (max, sum, acc) records meet in global memory, merged by the last one.
-__shared__ unsigned kog_att_units;  // thread 0: units per kv head merged through attn_cnt so far this launch
+// blocks the other units publish their partial (acc, max, sum) records as tagged words, which
+// the kv head's first unit merges with its own (no counter, no fence: one round trip).
 
 __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
@@ -34,15 +34,73 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
     kog_cp_async_commit();
 }
 
+// A tagged word loaded ahead (already published, as a rule): if it does not carry `tag` yet,
+// poll it until it does. False on timeout.
+__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag) {
+    kog_u64 t0 = 0;
+    for (int it = 1; !tag_ready(w, tag); ++it) {
+        if (!poll_again(c, it, t0, tag)) return false;
+        w = kog_ld_tagged(p);
+    }
+    return true;
+}
+
+// The first unit of a kv head, warp h < G: its own head-h state (o unnormalised, max M, sum L)
+// merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
+// a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the
+// maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
+// that records already published cost one round trip. (Loading two or four records ahead ran no
+// faster and spilled: PERF.md v14.)
+__device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsigned tag, float (&o)[DL], float& M,
+                                  float& L) {
+    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
+    const int lane = c.lane;
+    float Mc = -KOG_INF, Lc = 0.f;
+    bool ok = true;
+    for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
+        const int j = j0 + lane, jb0 = j0 == 0 ? 1 : 0;  // unit 0's record is the caller's own
+        kog_u64 w[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(pr + (j0 + jb0) * CS + lane + 32 * i);
+        float mj = -KOG_INF, lj = 0.f;
+        if (j == 0) {
+            mj = M, lj = L;
+        } else if (j < nbc) {
+            kog_u64 wm = kog_ld_tagged(pr + j * CS + D), wl = kog_ld_tagged(pr + j * CS + D + 1);
+            ok &= settle_tagged(c, wm, pr + j * CS + D, tag) && settle_tagged(c, wl, pr + j * CS + D + 1, tag);
+            mj = kog_value_of(wm), lj = kog_value_of(wl);
+        }
+        if (!kog_wave_all(ok)) return false;
+        const float Mn = fmaxf(Mc, kog_wave_max(mj));
+        const float wj = j < nbc ? expf(mj - Mn) : 0.f;
+        const float keep = j0 == 0 ? kog_shfl(wj, 0) : expf(Mc - Mn);  // the own record, or the sum so far
+        Lc = Lc * (j0 == 0 ? 0.f : keep) + kog_wave_sum(wj * lj);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] *= keep;
+        const int n = min(KOG_WAVE, nbc - j0);
+        for (int jb = jb0; jb < n; ++jb) {
+            const kog_u64* r = pr + (j0 + jb) * CS + lane;
+            if (jb != jb0)
+#pragma unroll
+                for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(r + 32 * i);
+            const float wt = kog_shfl(wj, jb);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) {
+                ok &= settle_tagged(c, w[i], r + 32 * i, tag);
+                o[i] = fmaf(wt, kog_value_of(w[i]), o[i]);
+            }
+        }
+        Mc = Mn;
+    }
+    M = Mc, L = Lc;
+    return kog_wave_all(ok);
+}
+
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
     const int L = pos + 1, ntile = (L + 31) / 32;
     int tpu;
     const int nbc = att_units_per_head(ntile, tpu);
-    // The merge counters only grow during a launch (the host zeroes them): every block counts the
-    // units each kv head has merged up to and including this layer, so the last unit of this
-    // layer is the one whose increment returns that count - 1; nothing is reset between layers.
-    if (c.tid == 0 && nbc > 1) kog_att_units += nbc;
     if (c.b >= NKV * nbc) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = u / nbc, bc = u - g * nbc;
     const int t0 = bc * tpu, t1 = min(ntile, t0 + tpu);
@@ -57,7 +115,6 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
     float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
     float* tiles = qs + ATT_TILES;     // [TBR] x {K [32][KT], V [32][D]}, right after pbuf
-    int* flag = reinterpret_cast<int*>(tiles + TBR * TILE_F);
     const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
     float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
     float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
@@ -191,58 +248,22 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * G + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
-        if (nbc == 1) {
+        kog_u64* pr = P->part + ((long long)(g * MAXCH + bc) * G + warp) * (D + 2);
+        if (bc != 0) {  // a later unit of the kv head: its record, for the first unit to merge
 #pragma unroll
-            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+            for (int i = 0; i < DL; ++i) kog_st_tagged(pr + lane + 32 * i, o[i], epoch_qkv + 1);
+            if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
+            trace_att(c, l, u, 4);
         } else {
-            float* pr = P->part + ((long long)(g * MAXCH + bc) * G + warp) * (D + 2);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) pr[lane + 32 * i] = o[i];
-            if (lane == 0) pr[D] = M, pr[D + 1] = Ls;
-        }
-    }
-    if (nbc == 1) {
-        trace_att(c, l, u, 5);
-        return true;
-    }
-    // several blocks per kv head: the last to publish merges every block's record
-    __syncthreads();
-    if (c.tid == 0) {
-        kog_fence_acqrel();  // release the block's records (ordered before by the barrier)
-        *flag = atomicAdd(P->attn_cnt + g, 1u) == kog_att_units - 1;
-        if (*flag) kog_fence_acqrel();  // acquire the other blocks' records
-    }
-    __syncthreads();
-    trace_att(c, l, u, 4);
-    if (*flag && warp < G) {
-        const float* ph = P->part + ((long long)(g * MAXCH) * G + warp) * (D + 2);
-        constexpr long long CS = (long long)G * (D + 2);  // one block-unit's records
-        float o[DL];
-#pragma unroll
-        for (int i = 0; i < DL; ++i) o[i] = 0.f;
-        float M = -KOG_INF, Ls = 0.f;
-        for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {  // lane = block-unit, a wave of them at a time
-            const int j = j0 + lane;
-            const float mj = j < nbc ? kog_ldcg(ph + j * CS + D) : -KOG_INF;
-            const float lj = j < nbc ? kog_ldcg(ph + j * CS + D + 1) : 0.f;
-            const float Mn = fmaxf(M, kog_wave_max(mj));
-            const float corr = expf(M - Mn);
-            const float wj = j < nbc ? expf(mj - Mn) : 0.f;
-            Ls = Ls * corr + kog_wave_sum(wj * lj);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] *= corr;
-            const int n = min(KOG_WAVE, nbc - j0);
-#pragma unroll 8
-            for (int jj = 0; jj < n; ++jj) {
-                const float w = kog_shfl(wj, jj);
-#pragma unroll
-                for (int i = 0; i < DL; ++i) o[i] = fmaf(w, kog_ldcg(ph + (j0 + jj) * CS + lane + 32 * i), o[i]);
+            float M1 = M, L1 = Ls;
+            if (nbc > 1) {
+                trace_att(c, l, u, 4);
+                ok = att_merge_records(c, pr, nbc, epoch_qkv + 1, o, M1, L1);
             }
-            M = Mn;
-        }
 #pragma unroll
-        for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);
+        }
     }
     trace_att(c, l, u, 5);
-    return true;
+    return __syncthreads_and(ok);
 }

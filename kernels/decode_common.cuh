@@ -57,9 +57,8 @@ constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
-constexpr int ATT_FIXED = ATT_TILES + 4;                           // + the merge flag after them
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
-constexpr int TBR = (ATT_BUDGET - ATT_FIXED) / TILE_F < NW / G ? (ATT_BUDGET - ATT_FIXED) / TILE_F : NW / G;  // tiles per round
+constexpr int TBR = (ATT_BUDGET - ATT_TILES) / TILE_F < NW / G ? (ATT_BUDGET - ATT_TILES) / TILE_F : NW / G;  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
 
 static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
@@ -111,7 +110,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     kog_u64* x;     // tagged words (phase, value): the vectors that cross blocks
     kog_u64* qkv;
     kog_u64* attn;
-    float* part;
+    kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][D + 2]
     kog_u64* act;   // SiLU(gate)*up: tagged words, or (ACT_TAGGED false) plain floats behind the flags
     float* logits;
     unsigned* keys;
@@ -121,7 +120,6 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     float* slot_val;
     int* slot_idx;
     unsigned* flags;
-    unsigned* attn_cnt;
     int* ctl;
     int* status;
     unsigned* rep_bits;
@@ -213,7 +211,7 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
                             cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
-constexpr int SM_ATTN = ATT_FIXED + TBR * TILE_F;                 // floats
+constexpr int SM_ATTN = ATT_TILES + TBR * TILE_F;                 // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // Copies into shared memory stream at full rate only into aligned lines (PERF.md v11: the ring
 // 1 KB-aligned ran 6-18% faster than 64-96 bytes past a 128-byte line, where the static

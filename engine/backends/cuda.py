@@ -46,7 +46,7 @@ _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DE
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
     "w ws kc vc rcos rsin x qkv attn part act logits keys bins hist_cnt hist_mass slot_val slot_idx "
-    "flags attn_cnt ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
+    "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
@@ -303,7 +303,7 @@ class CudaBackend(Backend):
         # tagged words (phase << 32 | fp32 bits) of the vectors that cross blocks; zeroed per launch
         tagged = lambda n: cp.zeros(n, dtype=cp.uint64)  # noqa: E731
         self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
-        self.part = f32(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
+        self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
         self.act = tagged(c.intermediate_size)  # or plain fp32 in its first half (kernel: ACT_TAGGED)
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
@@ -313,7 +313,6 @@ class CudaBackend(Backend):
         self.slot_val = f32(self.nblk)
         self.slot_idx = cp.zeros(self.nblk, dtype=cp.int32)
         self.flags = cp.zeros(self.kernel_info["flags"], dtype=cp.uint32)
-        self.attn_cnt = cp.zeros(c.num_kv_heads, dtype=cp.uint32)
         self.ctl = cp.zeros(4, dtype=cp.int32)
         self.status = cp.zeros(8, dtype=cp.int32)
         self.rep_bits = cp.zeros((V + 31) // 32, dtype=cp.uint32)
@@ -433,8 +432,8 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
-            for a in (self.flags, self.attn_cnt, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x,
-                      self.qkv, self.attn, self.act):
+            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x, self.qkv, self.attn,
+                      self.part, self.act):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
@@ -494,8 +493,7 @@ class CudaBackend(Backend):
         vectors need none: zeroed at launch, a word nobody wrote never carries a phase, and a
         read of one ends in the watchdog's error.)"""
         with self.device, self.stream:
-            for a in (self.part, self.slot_val):
-                a.fill(np.nan)
+            self.slot_val.fill(np.nan)
             self.keys.fill(0xFFFFFFFF)
             self.slot_idx.fill(-1)
             self.bins[: self.config.vocab_size].fill(0xFFFE)
