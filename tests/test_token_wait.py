@@ -61,3 +61,16 @@ def test_the_running_gap_follows_a_change_of_pace():
     for i in range(1, 30):
         wait.seen(last + i * 0.5e-3, 1)
     assert wait.gap == pytest.approx(0.5e-3, rel=0.01)
+
+
+def test_rest_yields_inside_the_window_and_sleeps_outside(monkeypatch):
+    import engine.backends.token_wait as token_wait
+
+    calls = []
+    monkeypatch.setattr(token_wait.time, "sleep", lambda s: calls.append(("sleep", s)))
+    monkeypatch.setattr(token_wait, "_yield", lambda: calls.append(("yield",)))
+    wait = TokenWait(sleep_s=50e-6, early_s=250e-6, late_s=1e-3)
+    last = steady(wait, 1e-3, 10)
+    wait.rest(last + 10e-6)
+    wait.rest(last + 900e-6)  # due soon: time.sleep(0) would sleep the timer slack (~56 us)
+    assert calls == [("sleep", pytest.approx(1e-3 - 250e-6 - 10e-6)), ("yield",)]

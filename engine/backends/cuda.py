@@ -460,7 +460,7 @@ class CudaBackend(Backend):
                 if self._cancel.is_set():
                     self.h_cancel[0] = 1
                 wait.seen(time.perf_counter(), emitted - taken)
-                time.sleep(wait.pause(time.perf_counter()))
+                wait.rest(time.perf_counter())
             finished = True
         finally:
             if not finished:

@@ -4,13 +4,19 @@ The decode kernel writes tokens into host-mapped memory at a steady cadence (0.2
 these speeds). A plain `time.sleep(50e-6)` between looks really sleeps ~0.1 ms on Linux (timer
 slack), so a token is taken up to a slice after it landed: that shows as a ~0.1 ms spread in
 the per-token latency (p99 over p50), 10-40% of a token here. Instead the host sleeps in
-slices only while the next token is not yet due, and around its due time it merely yields
-(`sleep(0)`: other threads, the chat UI's among them, still run), so it takes the token within
-microseconds. If a token is late the host goes back to sleeping: a stalled kernel does not
-hold a core.
+slices only while the next token is not yet due, and around its due time it merely yields the
+core (`os.sched_yield`, which releases the GIL: other threads, the chat UI's among them, still
+run), so it takes the token within microseconds. `time.sleep(0)` is no yield: it too sleeps the
+timer slack (~56 us on Linux, PERF.md session 9), which spread SmolLM2's token gaps by 18%. If
+a token is late the host goes back to sleeping: a stalled kernel does not hold a core.
 """
 
 from __future__ import annotations
+
+import os
+import time
+
+_yield = getattr(os, "sched_yield", lambda: time.sleep(0))  # POSIX; elsewhere sleep(0) is the yield
 
 
 class TokenWait:
@@ -43,3 +49,11 @@ class TokenWait:
         if now < due - self.early_s:  # one sleep to just before it is due (a cancel waits at most that)
             return min(max(due - self.early_s - now, self.sleep_s), self.longest_s)
         return 0.0 if now <= due + self.late_s else self.sleep_s
+
+    def rest(self, now: float) -> None:
+        """Sleep or only yield, as `pause` says for `now`."""
+        pause = self.pause(now)
+        if pause > 0:
+            time.sleep(pause)
+        else:
+            _yield()
