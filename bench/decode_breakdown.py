@@ -48,6 +48,7 @@ VARIANTS = {
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
+    "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},
     "nthr-256": {"KOG_NTHR": "256"},  # the ring follows the block size (KOG_RING: 96 KB per block)
     "nthr-384": {"KOG_NTHR": "384"},

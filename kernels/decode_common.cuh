@@ -6,11 +6,11 @@
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
 #endif             // tokens: what streaming and the math cost when no block waits for another)
-#ifndef KOG_NTHR  // threads per block: 384 leaves 168 registers per thread, 256 255 (512: 128, with spills)
-#define KOG_NTHR 384
+#ifndef KOG_NTHR  // timing experiments: threads per block (0: by shape, NTHR below)
+#define KOG_NTHR 0
 #endif
-#ifndef KOG_RING  // weight granules in flight per warp (2 KB each): 96 KB per block
-#define KOG_RING (1536 / KOG_NTHR)
+#ifndef KOG_RING  // timing experiments: weight granules in flight per warp (0: 96 KB per block, RING below)
+#define KOG_RING 0
 #endif
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
@@ -45,7 +45,33 @@ constexpr int NBLK = KOG_NBLK;
 constexpr float EPS = KOG_EPS;
 constexpr float SCALE = KOG_SCALE;
 
-constexpr int NTHR = KOG_NTHR;
+// 16-byte vectors per lane per granule of a product whose rows hold kv of them, with nw warps per
+// block: least padding; then a segment count (granules per row) that divides nw, so that every
+// granule a warp takes covers the same columns and its inputs stay in registers (mv_run); then
+// the widest.
+__host__ __device__ constexpr int pick_u(int kv, int nw) {
+#ifdef KOG_U  // timing experiments: U forced (where a row is that long)
+    return kv < 32 * KOG_U ? (kv + 31) / 32 : KOG_U;
+#endif
+    int best = 4, waste = 1 << 30;
+    bool fits = false;
+    for (int u = 4; u >= 2; --u) {
+        const int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;
+        if (w < waste || (w == waste && !fits && nw % n == 0)) waste = w, best = u, fits = nw % n == 0;
+    }
+    return kv < 64 ? (kv + 31) / 32 : best;
+}
+__host__ __device__ constexpr bool inputs_in_registers(int k, int nw) {  // a product with k inputs
+    const int seg = 32 * pick_u(k / 8, nw);
+    return nw % ((k / 8 + seg - 1) / seg) == 0;
+}
+__host__ __device__ constexpr bool all_inputs_in_registers(int nw) {  // QKV, gate/up, LM head: H; O: QD; down: INTER
+    return inputs_in_registers(H, nw) && inputs_in_registers(NH * D, nw) && inputs_in_registers(INTER, nw);
+}
+// Threads per block: 384 (168 registers per thread; 512 caps them at 128 and spills), or 256 where
+// a product keeps its inputs in registers only with 8 warps (Llama-3.2-1B's down: 8 segments
+// per row; +1.5% there, where 256 threads lose 4-10% on the other shapes: PERF.md v15).
+constexpr int NTHR = KOG_NTHR > 0 ? KOG_NTHR : all_inputs_in_registers(12) || !all_inputs_in_registers(8) ? 384 : 256;
 constexpr int NW = NTHR / KOG_WAVE;
 constexpr int G = NH / NKV;  // query heads per kv head
 constexpr int QD = NH * D;
@@ -133,22 +159,10 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
 };
 
 // ---- matrix-vector products --------------------------------------------------------------
-__host__ __device__ constexpr int pick_u(int kv) {  // 16-byte vectors per lane per granule: least padding, then widest
-#ifdef KOG_U  // timing experiments: U forced (where a row is that long)
-    return kv < 32 * KOG_U ? (kv + 31) / 32 : KOG_U;
-#endif
-    int best = 4, waste = 1 << 30;
-    for (int u = 4; u >= 2; --u) {
-        int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;
-        if (w < waste) { waste = w; best = u; }
-    }
-    return kv < 64 ? (kv + 31) / 32 : best;
-}
-
 template <int K, int NROWS, int RU>
 struct Mv {
     static constexpr int KV = K / 8;  // 16-byte vectors per row
-    static constexpr int U = pick_u(KV);
+    static constexpr int U = pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
@@ -220,7 +234,7 @@ constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 constexpr int SMEM_ALIGN = 1024;  // bytes
 constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 // the weight ring lives beside that region (aligned like it): it streams across every phase
-constexpr int RING = KOG_RING;       // granules in flight per warp
+constexpr int RING = KOG_RING > 0 ? KOG_RING : 1536 / NTHR;  // granules in flight per warp: 96 KB per block
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
