@@ -6,7 +6,7 @@
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
 #endif             // tokens: what streaming and the math cost when no block waits for another)
-#ifndef KOG_NTHR  // timing experiments: threads per block (0: by shape, NTHR below)
+#ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
 #ifndef KOG_RING  // timing experiments: weight granules in flight per warp (0: 96 KB per block, RING below)
@@ -61,17 +61,10 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     }
     return kv < 64 ? (kv + 31) / 32 : best;
 }
-__host__ __device__ constexpr bool inputs_in_registers(int k, int nw) {  // a product with k inputs
-    const int seg = 32 * pick_u(k / 8, nw);
-    return nw % ((k / 8 + seg - 1) / seg) == 0;
-}
-__host__ __device__ constexpr bool all_inputs_in_registers(int nw) {  // QKV, gate/up, LM head: H; O: QD; down: INTER
-    return inputs_in_registers(H, nw) && inputs_in_registers(NH * D, nw) && inputs_in_registers(INTER, nw);
-}
-// Threads per block: 384 (168 registers per thread; 512 caps them at 128 and spills), or 256 where
-// a product keeps its inputs in registers only with 8 warps (Llama-3.2-1B's down: 8 segments
-// per row; +1.5% there, where 256 threads lose 4-10% on the other shapes: PERF.md v15).
-constexpr int NTHR = KOG_NTHR > 0 ? KOG_NTHR : all_inputs_in_registers(12) || !all_inputs_in_registers(8) ? 384 : 256;
+// Threads per block: 384 leaves 168 registers per thread (512 caps them at 128, with spills).
+// 256 would keep Llama-3.2-1B's down inputs in registers (8 granules per row: 8 warps, not 12)
+// and ran +1.4% there at a 32-token context, but -0.7% at 1k and -1.6% at 4k (PERF.md v15).
+constexpr int NTHR = KOG_NTHR > 0 ? KOG_NTHR : 384;
 constexpr int NW = NTHR / KOG_WAVE;
 constexpr int G = NH / NKV;  // query heads per kv head
 constexpr int QD = NH * D;
