@@ -45,22 +45,6 @@ constexpr int NBLK = KOG_NBLK;
 constexpr float EPS = KOG_EPS;
 constexpr float SCALE = KOG_SCALE;
 
-// 16-byte vectors per lane per granule of a product whose rows hold kv of them, with nw warps per
-// block: least padding; then a segment count (granules per row) that divides nw, so that every
-// granule a warp takes covers the same columns and its inputs stay in registers (mv_run); then
-// the widest.
-__host__ __device__ constexpr int pick_u(int kv, int nw) {
-#ifdef KOG_U  // timing experiments: U forced (where a row is that long)
-    return kv < 32 * KOG_U ? (kv + 31) / 32 : KOG_U;
-#endif
-    int best = 4, waste = 1 << 30;
-    bool fits = false;
-    for (int u = 4; u >= 2; --u) {
-        const int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;
-        if (w < waste || (w == waste && !fits && nw % n == 0)) waste = w, best = u, fits = nw % n == 0;
-    }
-    return kv < 64 ? (kv + 31) / 32 : best;
-}
 // Threads per block: 384 leaves 168 registers per thread (512 caps them at 128, with spills).
 // 256 would keep Llama-3.2-1B's down inputs in registers (8 granules per row: 8 warps, not 12)
 // and ran +1.4% there at a 32-token context, but -0.7% at 1k and -1.6% at 4k (PERF.md v15).
@@ -152,6 +136,22 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
 };
 
 // ---- matrix-vector products --------------------------------------------------------------
+// 16-byte vectors per lane per granule of a product whose rows hold kv of them, with nw warps per
+// block: least padding; then a segment count (granules per row) that divides nw, so that every
+// granule a warp takes covers the same columns and its inputs stay in registers (mv_run); then
+// the widest.
+__host__ __device__ constexpr int pick_u(int kv, int nw) {
+#ifdef KOG_U  // timing experiments: U forced (where a row is that long)
+    return kv < 32 * KOG_U ? (kv + 31) / 32 : KOG_U;
+#endif
+    int best = 4, waste = 1 << 30;
+    bool fits = false;
+    for (int u = 4; u >= 2; --u) {
+        const int seg = 32 * u, n = (kv + seg - 1) / seg, w = n * seg - kv;
+        if (w < waste || (w == waste && !fits && nw % n == 0)) waste = w, best = u, fits = nw % n == 0;
+    }
+    return kv < 64 ? (kv + 31) / 32 : best;
+}
 template <int K, int NROWS, int RU>
 struct Mv {
     static constexpr int KV = K / 8;  // 16-byte vectors per row
