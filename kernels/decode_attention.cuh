@@ -34,17 +34,6 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
     kog_cp_async_commit();
 }
 
-// A tagged word loaded ahead (already published, as a rule): if it does not carry `tag` yet,
-// poll it until it does. False on timeout.
-__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag) {
-    kog_u64 t0 = 0;
-    for (int it = 1; !tag_ready(w, tag); ++it) {
-        if (!poll_again(c, it, t0, tag)) return false;
-        w = kog_ld_tagged(p);
-    }
-    return true;
-}
-
 // The first unit of a kv head, warp h < G: its own head-h state (o unnormalised, max M, sum L)
 // merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
 // a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the

@@ -140,6 +140,17 @@ __device__ __forceinline__ bool poll_again(const Ctx& c, int it, kog_u64& t0, un
     return true;
 }
 
+// A tagged word loaded ahead (already published, as a rule): if it does not carry `tag` yet,
+// poll it until it does. False on timeout.
+__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag) {
+    kog_u64 t0 = 0;
+    for (int it = 1; !tag_ready(w, tag); ++it) {
+        if (!poll_again(c, it, t0, tag)) return false;
+        w = kog_ld_tagged(p);
+    }
+    return true;
+}
+
 template <int N>
 struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (tid + k NTHR) + {0, 1}
     static constexpr int N2 = N / 2, NV = (N2 + NTHR - 1) / NTHR;
