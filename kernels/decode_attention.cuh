@@ -103,7 +103,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
     float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
-    float* tiles = qs + ATT_TILES;     // [TBR] x {K [32][KT], V [32][D]}, right after pbuf
+    float* tiles = qs + ATT_TILES;     // [ATT_STAGES][TBR] x {K [32][KT], V [32][D]}, right after pbuf
     const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
     float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
     float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
@@ -160,9 +160,15 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
     for (int i = 0; i < DL; ++i) acc[i] = 0.f;
     const float* q = qs + hq * D;
-    for (int r0 = t0; r0 < t1; r0 += TBR) {
-        if (r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, tiles);
-        kog_cp_async_wait_all();
+    for (int r0 = t0, k = 0; r0 < t1; r0 += TBR, ++k) {
+        float* round_tiles = tiles + k % ATT_STAGES * (TBR * TILE_F);
+        // the next round's tiles: with two stages, into the other stage now (its last reader
+        // passed the barrier that ended the previous round); with one, this round's, only now
+        const bool ahead = ATT_STAGES == 2 && r0 + TBR < t1;
+        if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), L, tiles + (k + 1) % 2 * (TBR * TILE_F));
+        else if (ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, round_tiles);
+        if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
+        else kog_cp_async_wait_all();
         __syncthreads();
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
@@ -171,7 +177,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             // k and v (shared memory): row jn is the new position (the last of the context) when
             // this tile holds it, and rows past the context get weight 0 (exact zeros below).
             const int base = tile * 32, nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32;
-            const float* kt = tiles + kslot * TILE_F;
+            const float* kt = round_tiles + kslot * TILE_F;
             const float* vt = kt + 32 * KT;
             const bool valid = lane < nv;
             const float* kp = lane < jn ? kt + lane * KT : ks;

@@ -63,6 +63,10 @@ constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = (ATT_BUDGET - ATT_TILES) / TILE_F < NW / G ? (ATT_BUDGET - ATT_TILES) / TILE_F : NW / G;  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
+// Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
+// the next round's tiles while it computes this one's (long contexts: PERF.md Next 4).
+constexpr int ATT_BUDGET2 = 30000;  // floats (117 KB)
+constexpr int ATT_STAGES = ATT_TILES + 2 * TBR * TILE_F <= ATT_BUDGET2 ? 2 : 1;
 
 static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
 static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128, 192 or 256");
@@ -218,7 +222,7 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
                             cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
-constexpr int SM_ATTN = ATT_TILES + TBR * TILE_F;                 // floats
+constexpr int SM_ATTN = ATT_TILES + ATT_STAGES * TBR * TILE_F;    // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // Copies into shared memory stream at full rate only into aligned lines (PERF.md v11: the ring
 // 1 KB-aligned ran 6-18% faster than 64-96 bytes past a 128-byte line, where the static
