@@ -19,7 +19,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
-  median and slowest block) and the hop (last producer done -> consumers ready).
+  median and slowest block) and the hop (last producer done -> consumers ready); inside each
+  product of that layer, when each warp passed its steps (refills issued, first granule landed,
+  granules done, the block's sums in, results stored).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -124,6 +126,7 @@ def trace(be, prompt, layers: int) -> None:
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
     attention_units(be, t, layers)
+    product_steps(be)
 
 
 def slowest_blocks(work, ready) -> None:
@@ -158,6 +161,30 @@ def attention_units(be, t, layers: int) -> None:
         col = rel[:, k][units[:, k] > 0]
         if col.size:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
+
+
+# kernels/decode.cu trace_mv stamps per warp of each product of the middle layer
+MV_STAMPS = ("refills released, inputs loaded", "first granule landed", "granules done", "block's sums in",
+             "results stored")
+MV_NAMES = ("qkv", "o", "gate/up", "down")
+
+
+def product_steps(be) -> None:
+    """Inside each product of the middle layer: per warp, how long after entering mv_run it
+    passed each step (median / max over blocks and warps, us)."""
+    import cupy as cp
+
+    nw = be.nthr // 32
+    ptr = be.mod.get_global("kog_trace_mv")
+    a = cp.ndarray((4, be.nblk, nw, len(MV_STAMPS) + 1), cp.uint64, ptr).get().astype(np.int64)
+    print("  inside the products of the middle layer, per warp after entering the product (median / max us):")
+    for m, name in enumerate(MV_NAMES):
+        rel = (a[m, :, :, 1:] - a[m, :, :, :1]) / 1e3
+        cells = []
+        for k, step in enumerate(MV_STAMPS):
+            col = rel[:, :, k][a[m, :, :, k + 1] > 0]
+            cells.append(f"{step} {np.median(col):.2f} / {col.max():.2f}" if col.size else f"{step} -")
+        print(f"    {name:8s} " + "; ".join(cells))
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:

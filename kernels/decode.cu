@@ -30,8 +30,8 @@
 // words, staging), decode_sampler.cuh (logits -> token), decode_attention.cuh; this file: one
 // token through the model, the token choice and the kernel itself.
 #include "decode_common.cuh"
-#include "decode_ring.cuh"
 #include "decode_sync.cuh"
+#include "decode_ring.cuh"
 #include "decode_sampler.cuh"
 #include "decode_attention.cuh"
 
@@ -54,6 +54,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     const int b = c.b;
     const unsigned short* w = P->w;
     for (int l = 0; l < NL; ++l) {
+        c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
         if (l == 0) {
@@ -67,6 +68,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();
+            trace_mv(c, MAT_QKV, 4);
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
             for (int r = c.tid; r < nr; r += NTHR) {
                 float v = mv_result<MQKV>(red, r);
@@ -75,6 +77,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
 #endif
                 kog_st_tagged(P->qkv + r0 + r, v, c.epoch + 1);
             }
+            trace_mv(c, MAT_QKV, 5);
         }
         end_phase(c);
         const unsigned e_qkv = c.epoch;
@@ -89,7 +92,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MO, MAT_O>(c, xs, red);
             __syncthreads();
+            trace_mv(c, MAT_O, 4);
             add_to_residual<MO>(c, red, xown);
+            trace_mv(c, MAT_O, 5);
         }
         end_phase(c);
         // --- gate/up + SiLU
@@ -98,6 +103,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MGU, MAT_GU>(c, xs, red);
             __syncthreads();
+            trace_mv(c, MAT_GU, 4);
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
             for (int j = c.tid; j < np; j += NTHR) {
                 const float gt = mv_result<MGU>(red, 2 * j), up = mv_result<MGU>(red, 2 * j + 1);
@@ -105,6 +111,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 if (ACT_TAGGED) kog_st_tagged(P->act + r0 / 2 + j, a, c.epoch + 1);
                 else reinterpret_cast<float*>(P->act)[r0 / 2 + j] = a;
             }
+            trace_mv(c, MAT_GU, 5);
         }
         if (ACT_TAGGED) end_phase(c);
         else arrive(c);
@@ -119,7 +126,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
             __syncthreads();
+            trace_mv(c, MAT_DN, 4);
             add_to_residual<MDN>(c, red, xown);
+            trace_mv(c, MAT_DN, 5);
         }
         end_phase(c);
     }

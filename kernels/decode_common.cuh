@@ -281,6 +281,7 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     int b, tid, lane, warp;
     unsigned epoch;
     int step, ev;      // token step; synchronisation events so far in this step (tracing)
+    int layer;         // the layer forward() is in (tracing)
     float* sm;         // dynamic region
     float* red16;      // NW floats scratch
     int* sint;         // small ints scratch

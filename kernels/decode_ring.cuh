@@ -61,6 +61,7 @@ template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QK
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
+    trace_mv(c, MAT, 0);
     ring_release(c);  // the input is staged: refill now
     float4 xa[M::U], xb[M::U];
     if (X_IN_REGS) {
@@ -73,8 +74,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
             xb[i] = in ? xs_hi(xs, col) : make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
+    trace_mv(c, MAT, 1);
     for (int g = c.warp; g < ngran; g += NW) {
         kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
+        if (g == c.warp) trace_mv(c, MAT, 2);
         const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         float acc = 0.f;
@@ -96,4 +99,5 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
         else ring_issue(c);
     }
+    trace_mv(c, MAT, 3);
 }

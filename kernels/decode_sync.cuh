@@ -19,6 +19,19 @@ __device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
     (void)c, (void)l, (void)u, (void)k;
 #endif
 }
+#ifdef KOG_TRACE
+constexpr int TRACE_MV = 6;  // stamps per warp per product of the middle layer
+__device__ kog_u64 kog_trace_mv[4 * NBLK * NW * TRACE_MV];
+#endif
+// lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the middle layer of the traced step
+__device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
+#ifdef KOG_TRACE
+    if (c.lane == 0 && c.step == KOG_TRACE && c.layer == NL / 2 && mat < 4)
+        kog_trace_mv[((mat * NBLK + c.b) * NW + c.warp) * TRACE_MV + k] = kog_clock_ns();
+#else
+    (void)c, (void)mat, (void)k;
+#endif
+}
 __device__ __forceinline__ void trace_event(Ctx& c) {
 #ifdef KOG_TRACE
     if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
