@@ -5,7 +5,8 @@ still in flight (does bar.sync wait for them?) and after cp.async copies still i
 L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
 acquire/release fence with and without stores in flight; the SM clock under load; what a
 pass over 16-256 KB of straight-line code costs cold and warm (instruction fetch: the decode
-kernel is 270 KB of machine code); and whether an L2 prefetch works:
+kernel is 270 KB of machine code), and what a 1 KB stretch of code costs after a wait when the
+warp last ran it 39-234 KB of code ago; and whether an L2 prefetch works:
 every block asks L2 for 128 KB (one thread's bulk `cp.async.bulk.prefetch.L2`, or every
 thread's `prefetch.global.L2` per line), waits 10 us, then reads it; against reading 128 KB
 no one asked for. Runs last, in its own launch: the decode kernel hung with bulk prefetches.
@@ -151,6 +152,45 @@ extern "C" __global__ void probe_icache_64k(u64* out, float* sink) { icache_body
 extern "C" __global__ void probe_icache_128k(u64* out, float* sink) { icache_body<8192>(out, sink); }
 extern "C" __global__ void probe_icache_256k(u64* out, float* sink) { icache_body<16384>(out, sink); }
 
+// A warp that waits, then runs code it last ran ~1.2 R KB of code ago (the monokernel's phases: a
+// wait, then a stretch of code not run since the previous layer). R islands of 64 FMAs (1 KB),
+// each after a ~1 us spin; four passes; out[p] = mean cycles of an island in pass p (block 0,
+// warp 0). 384 threads and ~200 KB of shared memory per block, like the decode kernel.
+template <int K>  // islands 32K .. 32K + 31, then (recursively) the 32 before them: straight-line code
+__device__ __forceinline__ void islands32(float (&a)[8], long long& sum) {
+    #pragma unroll
+    for (int r = 0; r < 32; ++r) {
+        const long long s0 = clock64();
+        while (clock64() - s0 < 2000) {}
+        const long long c0 = clock64();
+        #pragma unroll
+        for (int i = 0; i < 64; ++i) a[i & 7] = fmaf(a[i & 7], 1.0001f + (K * 32 + r) * 1e-7f, 0.5f);
+        sum += clock64() - c0;
+    }
+    if constexpr (K > 0) islands32<K - 1>(a, sum);
+}
+template <int R>
+__device__ void icache_islands(u64* out, float* sink) {
+    extern __shared__ float pad[];
+    float a[8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = threadIdx.x * 1e-3f + i;
+    for (int p = 0; p < 4; ++p) {
+        long long sum = 0;
+        islands32<R / 32 - 1>(a, sum);
+        if (threadIdx.x == 0 && blockIdx.x == 0) out[p] = sum / R;
+    }
+    float s = pad[threadIdx.x];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) s += a[i];
+    if (s == 1.2345f) sink[0] = s;
+}
+extern "C" __global__ void probe_islands_32(u64* out, float* sink) { icache_islands<32>(out, sink); }
+extern "C" __global__ void probe_islands_64(u64* out, float* sink) { icache_islands<64>(out, sink); }
+extern "C" __global__ void probe_islands_96(u64* out, float* sink) { icache_islands<96>(out, sink); }
+extern "C" __global__ void probe_islands_128(u64* out, float* sink) { icache_islands<128>(out, sink); }
+extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_islands<192>(out, sink); }
+
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
 // out[0]: ns to issue the prefetches; out[1]: ns to read the 128 KB (block 0).
@@ -228,6 +268,14 @@ def main() -> None:
         cp.cuda.Device().synchronize()
         o = out.get()
         print(f"{size}B of straight-line code ({fmas} FMAs): cycles per pass {' '.join(str(int(v)) for v in o[:4])}")
+    for n in (32, 64, 96, 128, 192):  # an island with its wait is ~1.2 KB of machine code
+        fn = mod.get_function(f"probe_islands_{n}")
+        fn.max_dynamic_shared_size_bytes = 200 * 1024
+        fn((nsm,), (384,), (out, fsink), shared_mem=200 * 1024)
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        print(f"{n} islands of 64 FMAs (~{1.22 * n:.0f} KB of code), each after a 1 us wait: cycles per island per pass "
+              f"{' '.join(str(int(v)) for v in o[:4])}")
     regions = big.size * 4 // (128 * 1024)
     for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
                                          (2, "per-line prefetch (every thread)")] * 2):
