@@ -40,6 +40,10 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
 // maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
 // that records already published cost one round trip. (Loading two or four records ahead ran no
 // faster and spilled: PERF.md v14.)
+#ifndef KOG_MERGE_B  // timing experiments: records loaded at once by the merge (0: MERGE_B below)
+#define KOG_MERGE_B 0
+#endif
+constexpr int MERGE_B = KOG_MERGE_B > 0 ? KOG_MERGE_B : 4;
 __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsigned tag, float (&o)[DL], float& M,
                                   float& L) {
     constexpr long long CS = (long long)G * (D + 2);  // one unit's records
@@ -67,16 +71,23 @@ __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsi
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] *= keep;
         const int n = min(KOG_WAVE, nbc - j0);
-        for (int jb = jb0; jb < n; ++jb) {
-            const kog_u64* r = pr + (j0 + jb) * CS + lane;
-            if (jb != jb0)
+        for (int jb = jb0; jb < n; jb += MERGE_B) {  // MERGE_B records' loads in flight at once
+            kog_u64 wb[MERGE_B][DL];
 #pragma unroll
-                for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(r + 32 * i);
-            const float wt = kog_shfl(wj, jb);
+            for (int k = 0; k < MERGE_B; ++k)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) {
-                ok &= settle_tagged(c, w[i], r + 32 * i, tag);
-                o[i] = fmaf(wt, kog_value_of(w[i]), o[i]);
+                for (int i = 0; i < DL; ++i)
+                    wb[k][i] = k == 0 && jb == jb0 ? w[i]
+                             : jb + k < n ? kog_ld_tagged(pr + (j0 + jb + k) * CS + lane + 32 * i) : 0;
+#pragma unroll
+            for (int k = 0; k < MERGE_B && jb + k < n; ++k) {
+                const kog_u64* r = pr + (j0 + jb + k) * CS + lane;
+                const float wt = kog_shfl(wj, jb + k);
+#pragma unroll
+                for (int i = 0; i < DL; ++i) {
+                    ok &= settle_tagged(c, wb[k][i], r + 32 * i, tag);
+                    o[i] = fmaf(wt, kog_value_of(wb[k][i]), o[i]);
+                }
             }
         }
         Mc = Mn;
