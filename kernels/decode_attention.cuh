@@ -38,11 +38,9 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
 // merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
 // a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the
 // maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
-// that records already published cost one round trip. (Loading two or four records ahead ran no
-// faster and spilled: PERF.md v14.)
-#ifndef KOG_MERGE_B  // timing experiments: records loaded at once by the merge (0: MERGE_B below)
-#define KOG_MERGE_B 0
-#endif
+// that records already published cost one round trip; the rest are loaded MERGE_B at a time. At
+// long contexts a kv head has up to NBLK / NKV units, one L2 round trip per batch: 4 at once ran
+// +1 to +21% at 4k tokens against 1, and cost 0.3-1.3% at 32 in spills elsewhere (PERF.md v17).
 constexpr int MERGE_B = KOG_MERGE_B > 0 ? KOG_MERGE_B : 4;
 __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsigned tag, float (&o)[DL], float& M,
                                   float& L) {

@@ -18,6 +18,9 @@
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
+#ifndef KOG_MERGE_B  // timing experiments: attention records the merge loads at once (0: MERGE_B)
+#define KOG_MERGE_B 0
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
