@@ -128,13 +128,24 @@ extern "C" __global__ void probe_clock(u64* out) {
     if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = c1 - c0; out[1] = t1 - t0; }
 }
 
+// The FMA chains of the instruction-fetch probes: start values, and a store no one reads (so the
+// chains are not optimised away).
+__device__ __forceinline__ void chains(float (&a)[8]) {
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) a[i] = threadIdx.x * 1e-3f + i;
+}
+__device__ __forceinline__ void keep(const float (&a)[8], float s, float* sink) {
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) s += a[i];
+    if (s == 1.2345f) sink[0] = s;
+}
+
 // Instruction fetch: N independent-chain FMAs of straight-line code (16 bytes each), run four
 // times in one launch; out[p] = cycles of pass p (pass 0 fetches the code, the rest may hit).
 template <int N>
 __device__ void icache_body(u64* out, float* sink) {
     float a[8];
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = threadIdx.x * 1e-3f + i;
+    chains(a);
     for (int p = 0; p < 4; ++p) {
         const long long c0 = clock64();
         #pragma unroll
@@ -142,10 +153,7 @@ __device__ void icache_body(u64* out, float* sink) {
         const long long c1 = clock64();
         if (threadIdx.x == 0 && blockIdx.x == 0) out[p] = c1 - c0;
     }
-    float s = 0.f;
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) s += a[i];
-    if (s == 1.2345f) sink[0] = s;
+    keep(a, 0.f, sink);
 }
 extern "C" __global__ void probe_icache_16k(u64* out, float* sink) { icache_body<1024>(out, sink); }
 extern "C" __global__ void probe_icache_64k(u64* out, float* sink) { icache_body<4096>(out, sink); }
@@ -173,17 +181,13 @@ template <int R>
 __device__ void icache_islands(u64* out, float* sink) {
     extern __shared__ float pad[];
     float a[8];
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) a[i] = threadIdx.x * 1e-3f + i;
+    chains(a);
     for (int p = 0; p < 4; ++p) {
         long long sum = 0;
         islands32<R / 32 - 1>(a, sum);
         if (threadIdx.x == 0 && blockIdx.x == 0) out[p] = sum / R;
     }
-    float s = pad[threadIdx.x];
-    #pragma unroll
-    for (int i = 0; i < 8; ++i) s += a[i];
-    if (s == 1.2345f) sink[0] = s;
+    keep(a, pad[threadIdx.x], sink);
 }
 extern "C" __global__ void probe_islands_32(u64* out, float* sink) { icache_islands<32>(out, sink); }
 extern "C" __global__ void probe_islands_64(u64* out, float* sink) { icache_islands<64>(out, sink); }
