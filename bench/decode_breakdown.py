@@ -21,7 +21,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
   product of that layer, when each warp passed its steps (refills issued, first granule landed,
-  granules done, the block's sums in, results stored).
+  granules done, the block's sums in, results stored; the last granule landed and its math done,
+  before its refill is issued or held).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -168,7 +169,7 @@ def attention_units(be, t, layers: int) -> None:
 
 # kernels/decode.cu trace_mv stamps per warp of each product of the middle layer
 MV_STAMPS = ("refills released, inputs loaded", "first granule landed", "granules done", "block's sums in",
-             "results stored")
+             "results stored", "last granule landed", "last granule's math done")
 MV_NAMES = ("qkv", "o", "gate/up", "down")
 
 

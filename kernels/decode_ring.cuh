@@ -78,6 +78,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     for (int g = c.warp; g < ngran; g += NW) {
         kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
+        if (g + NW >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         float acc = 0.f;
@@ -91,6 +92,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         }
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;
+        if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:

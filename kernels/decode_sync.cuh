@@ -20,7 +20,7 @@ __device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
 #endif
 }
 #ifdef KOG_TRACE
-constexpr int TRACE_MV = 6;  // stamps per warp per product of the middle layer
+constexpr int TRACE_MV = 8;  // stamps per warp per product of the middle layer
 __device__ kog_u64 kog_trace_mv[4 * NBLK * NW * TRACE_MV];
 #endif
 // lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the middle layer of the traced step
