@@ -56,9 +56,6 @@ VARIANTS = {
     "nthr-256": {"KOG_NTHR": "256"},  # the ring follows the block size (KOG_RING: 96 KB per block)
     "nthr-384": {"KOG_NTHR": "384"},
     "nthr-512": {"KOG_NTHR": "512"},
-    "merge-b-1": {"KOG_MERGE_B": "1"},  # attention records loaded at once by the merge
-    "merge-b-2": {"KOG_MERGE_B": "2"},
-    "merge-b-8": {"KOG_MERGE_B": "8"},
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

@@ -34,16 +34,50 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
     kog_cp_async_commit();
 }
 
+// Where a wave of units has many records (long contexts: up to NBLK / NKV units per kv head),
+// their values are copied into shared memory, MERGE_CH records per round trip: cp.async copies
+// hold no registers (loaded into registers one at a time, each record cost a round trip; four at
+// a time cost spills in other phases: PERF.md v17). Each merging warp's stage lies in the K/V
+// tiles' region, free once the tiles are done.
+constexpr int MERGE_CH = cmin(KOG_WAVE, ATT_STAGES * TBR * TILE_F / (G * 2 * D));  // records per copy round
+static_assert(MERGE_CH >= 2, "room to stage the attention records");
+
+// Records jb0 .. n - 1 of a wave (rec: the wave's first unit; wj: lane j's weight) added into o
+// in order, through this warp's stage.
+__device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, int jb0, int n, float wj, unsigned tag,
+                                             float (&o)[DL], kog_u64* stage) {
+    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
+    bool ok = true;
+    for (int jb = jb0; jb < n; jb += MERGE_CH) {
+        const int m = min(MERGE_CH, n - jb);
+        for (int q = c.lane; q < m * (D / 2); q += KOG_WAVE) {  // 16 bytes: two words
+            const int k = q / (D / 2), e = 2 * (q - k * (D / 2));
+            kog_cp_async16(stage + k * D + e, rec + (jb + k) * CS + e);
+        }
+        kog_cp_async_wait();
+        kog_wave_sync();
+        for (int k = 0; k < m; ++k) {
+            const float wt = kog_shfl(wj, jb + k);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) {
+                kog_u64 x = stage[k * D + c.lane + 32 * i];
+                ok &= settle_tagged(c, x, rec + (jb + k) * CS + c.lane + 32 * i, tag);
+                o[i] = fmaf(wt, kog_value_of(x), o[i]);
+            }
+        }
+        kog_wave_sync();  // the stage is refilled next round
+    }
+    return ok;
+}
+
 // The first unit of a kv head, warp h < G: its own head-h state (o unnormalised, max M, sum L)
 // merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
 // a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the
 // maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
-// that records already published cost one round trip; the rest are loaded MERGE_B at a time. At
-// long contexts a kv head has up to NBLK / NKV units, one L2 round trip per batch: 4 at once ran
-// +1 to +21% at 4k tokens against 1, and cost 0.3-1.3% at 32 in spills elsewhere (PERF.md v17).
-constexpr int MERGE_B = KOG_MERGE_B > 0 ? KOG_MERGE_B : 4;
+// that one or two records already published cost one or two round trips; more go through the
+// stage (merge_staged).
 __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsigned tag, float (&o)[DL], float& M,
-                                  float& L) {
+                                  float& L, kog_u64* stage) {
     constexpr long long CS = (long long)G * (D + 2);  // one unit's records
     const int lane = c.lane;
     float Mc = -KOG_INF, Lc = 0.f;
@@ -69,22 +103,19 @@ __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsi
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] *= keep;
         const int n = min(KOG_WAVE, nbc - j0);
-        for (int jb = jb0; jb < n; jb += MERGE_B) {  // MERGE_B records' loads in flight at once
-            kog_u64 wb[MERGE_B][DL];
+        if (n - jb0 > 2) {
+            ok &= merge_staged(c, pr + j0 * CS, jb0, n, wj, tag, o, stage);
+        } else {
+            for (int jb = jb0; jb < n; ++jb) {
+                const kog_u64* r = pr + (j0 + jb) * CS + lane;
+                if (jb != jb0)
 #pragma unroll
-            for (int k = 0; k < MERGE_B; ++k)
-#pragma unroll
-                for (int i = 0; i < DL; ++i)
-                    wb[k][i] = k == 0 && jb == jb0 ? w[i]
-                             : jb + k < n ? kog_ld_tagged(pr + (j0 + jb + k) * CS + lane + 32 * i) : 0;
-#pragma unroll
-            for (int k = 0; k < MERGE_B && jb + k < n; ++k) {
-                const kog_u64* r = pr + (j0 + jb + k) * CS + lane;
-                const float wt = kog_shfl(wj, jb + k);
+                    for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(r + 32 * i);
+                const float wt = kog_shfl(wj, jb);
 #pragma unroll
                 for (int i = 0; i < DL; ++i) {
-                    ok &= settle_tagged(c, wb[k][i], r + 32 * i, tag);
-                    o[i] = fmaf(wt, kog_value_of(wb[k][i]), o[i]);
+                    ok &= settle_tagged(c, w[i], r + 32 * i, tag);
+                    o[i] = fmaf(wt, kog_value_of(w[i]), o[i]);
                 }
             }
         }
@@ -262,7 +293,8 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             float M1 = M, L1 = Ls;
             if (nbc > 1) {
                 trace_att(c, l, u, 4);
-                ok = att_merge_records(c, pr, nbc, epoch_qkv + 1, o, M1, L1);
+                ok = att_merge_records(c, pr, nbc, epoch_qkv + 1, o, M1, L1,
+                                       reinterpret_cast<kog_u64*>(tiles) + warp * MERGE_CH * D);
             }
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);

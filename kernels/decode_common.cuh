@@ -18,9 +18,6 @@
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
-#ifndef KOG_MERGE_B  // timing experiments: attention records the merge loads at once (0: MERGE_B)
-#define KOG_MERGE_B 0
-#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -181,6 +178,7 @@ using MLM = Mv<H, VOCAB, 1>;
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 constexpr int MV_X = cmax(cmax(H, QD), INTER);
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
