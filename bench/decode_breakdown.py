@@ -56,6 +56,8 @@ VARIANTS = {
     "nthr-256": {"KOG_NTHR": "256"},  # the ring follows the block size (KOG_RING: 96 KB per block)
     "nthr-384": {"KOG_NTHR": "384"},
     "nthr-512": {"KOG_NTHR": "512"},
+    "att-tbr-1": {"KOG_ATT_TBR": "1"},  # attention tiles per round (units per kv head follow)
+    "att-tbr-2": {"KOG_ATT_TBR": "2"},
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

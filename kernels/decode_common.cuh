@@ -18,6 +18,9 @@
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
+#ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
+#define KOG_ATT_TBR 0
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -61,7 +64,8 @@ constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
-constexpr int TBR = (ATT_BUDGET - ATT_TILES) / TILE_F < NW / G ? (ATT_BUDGET - ATT_TILES) / TILE_F : NW / G;  // tiles per round
+constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR
+                : (ATT_BUDGET - ATT_TILES) / TILE_F < NW / G ? (ATT_BUDGET - ATT_TILES) / TILE_F : NW / G;  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
 // Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
 // the next round's tiles while it computes this one's (long contexts: PERF.md Next 4).
