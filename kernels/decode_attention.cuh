@@ -54,7 +54,7 @@ __device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, i
             const int k = q / (D / 2), e = 2 * (q - k * (D / 2));
             kog_cp_async16(stage + k * D + e, rec + (jb + k) * CS + e);
         }
-        kog_cp_async_wait();
+        kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
         kog_wave_sync();
         for (int k = 0; k < m; ++k) {
             const float wt = kog_shfl(wj, jb + k);
