@@ -47,6 +47,8 @@ constexpr int NL = KOG_NL;
 constexpr int NBLK = KOG_NBLK;
 constexpr float EPS = KOG_EPS;
 constexpr float SCALE = KOG_SCALE;
+__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
+__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
 // Threads per block: 384 leaves 168 registers per thread (512 caps them at 128, with spills).
 // 256 would keep Llama-3.2-1B's down inputs in registers (8 granules per row: 8 warps, not 12)
@@ -64,11 +66,10 @@ constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
-constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR
-                : (ATT_BUDGET - ATT_TILES) / TILE_F < NW / G ? (ATT_BUDGET - ATT_TILES) / TILE_F : NW / G;  // tiles per round
+constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
 // Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
-// the next round's tiles while it computes this one's (long contexts: PERF.md Next 4).
+// the next round's tiles while it computes this one's (long contexts: PERF.md v16).
 constexpr int ATT_BUDGET2 = 30000;  // floats (117 KB)
 constexpr int ATT_STAGES = ATT_TILES + 2 * TBR * TILE_F <= ATT_BUDGET2 ? 2 : 1;
 
@@ -181,8 +182,6 @@ using MLM = Mv<H, VOCAB, 1>;
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
-__host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
-__host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 constexpr int MV_X = cmax(cmax(H, QD), INTER);
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
