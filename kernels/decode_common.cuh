@@ -245,12 +245,12 @@ static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 struct Source {  // the block's tile of one matrix
     const uint4* tile;
     int ngran, kv, nseg, u;
-    unsigned nseg_inv;  // ceil(2^32 / nseg): granule g's row is umulhi(g, nseg_inv) (exact: g < 2^32 / nseg)
+    unsigned nseg_inv;  // ceil(2^32 / nseg) where nseg > 1: granule g's row is umulhi(g, nseg_inv) (exact: g < 2^32 / nseg)
 };
 template <class M>
 __device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
-    constexpr unsigned inv = (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG);
+    constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
     return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
 }
 // The matrices in the order the forward pass (and so the weight stream) takes them.

@@ -25,7 +25,8 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
     Stream& s = c.st;
     while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // ends: every warp has LM head granules
     uint4* slot = c.ring + (s.head % RING) * SLOT;
-    const int row = (int)__umulhi((unsigned)s.g, s.src.nseg_inv), seg = s.g - row * s.src.nseg;  // no division
+    const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
+    const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
 #pragma unroll
