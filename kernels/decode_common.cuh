@@ -188,16 +188,14 @@ __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 
     return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
 }
 
-__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {  // a weight vector . its 8 inputs a, b
-    float s = kog_bf16_lo(w.x) * a.x;
-    s = fmaf(kog_bf16_hi(w.x), a.y, s);
-    s = fmaf(kog_bf16_lo(w.y), a.z, s);
-    s = fmaf(kog_bf16_hi(w.y), a.w, s);
-    s = fmaf(kog_bf16_lo(w.z), b.x, s);
-    s = fmaf(kog_bf16_hi(w.z), b.y, s);
-    s = fmaf(kog_bf16_lo(w.w), b.z, s);
-    s = fmaf(kog_bf16_hi(w.w), b.w, s);
-    return s;
+// A weight vector . its 8 inputs a, b: two chains of four (a product's granule is a dependency
+// chain, so its length is what a warp waits for).
+__device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
+    float s = kog_bf16_lo(w.x) * a.x, t = kog_bf16_lo(w.z) * b.x;
+    s = fmaf(kog_bf16_hi(w.x), a.y, s), t = fmaf(kog_bf16_hi(w.z), b.y, t);
+    s = fmaf(kog_bf16_lo(w.y), a.z, s), t = fmaf(kog_bf16_lo(w.w), b.z, t);
+    s = fmaf(kog_bf16_hi(w.y), a.w, s), t = fmaf(kog_bf16_hi(w.w), b.w, t);
+    return s + t;
 }
 __device__ __forceinline__ float4 xs_lo(const float* xs, int col) {  // inputs 8col..8col+3 of weight vector col
     return reinterpret_cast<const float4*>(xs)[col];
@@ -246,11 +244,13 @@ static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 struct Source {  // the block's tile of one matrix
     const uint4* tile;
     int ngran, kv, nseg, u;
+    unsigned nseg_inv;  // ceil(2^32 / nseg) where nseg > 1: granule g's row is umulhi(g, nseg_inv) (exact: g < 2^32 / nseg)
 };
 template <class M>
 __device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
-    return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U};
+    constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
+    return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
 }
 // The matrices in the order the forward pass (and so the weight stream) takes them.
 enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };

@@ -25,7 +25,8 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
     Stream& s = c.st;
     while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // ends: every warp has LM head granules
     uint4* slot = c.ring + (s.head % RING) * SLOT;
-    const int row = s.g / s.src.nseg, seg = s.g - row * s.src.nseg;
+    const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
+    const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
 #pragma unroll
@@ -40,6 +41,9 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
 }
 
 __device__ void ring_start(Ctx& c) {
+    // zeros first: a partial granule's unused columns are then finite weights (stale or zero),
+    // which mv_run reads with zero inputs instead of branching around them
+    for (int i = c.lane; i < RING * SLOT; i += KOG_WAVE) c.ring[i] = make_uint4(0u, 0u, 0u, 0u);
     c.l2_policy = kog_l2_evict_first();
     c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
     c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b);
@@ -81,15 +85,22 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         if (g + NW >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
-        float acc = 0.f;
+        // the U loads first, then U independent dot products: with inputs in registers a column
+        // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
+        uint4 wv[M::U];
+#pragma unroll
+        for (int i = 0; i < M::U; ++i)
+            if (X_IN_REGS || M::FULL || seg * M::SEGW + i * KOG_WAVE + c.lane < M::KV) wv[i] = slot[i * KOG_WAVE + c.lane];
+        float d[M::U];
 #pragma unroll
         for (int i = 0; i < M::U; ++i) {
             const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-            if (M::FULL || col < M::KV) {
-                const uint4 wv = slot[i * KOG_WAVE + c.lane];
-                acc += X_IN_REGS ? dot8(wv, xa[i], xb[i]) : dot8(wv, xs_lo(xs, col), xs_hi(xs, col));
-            }
+            d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
+                 : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xs, col), xs_hi(xs, col)) : 0.f;
         }
+        float acc = d[0];
+#pragma unroll
+        for (int i = 1; i < M::U; ++i) acc += d[i];
         acc = kog_wave_sum(acc);
         if (c.lane == 0) red[g] = acc;
         if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
