@@ -30,10 +30,13 @@ __device__ __forceinline__ float kog_wave_sum(float v) {
     for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v += __shfl_xor_sync(KOG_FULL_MASK, v, m);
     return v;
 }
+// The maximum in one instruction (redux.sync, sm_80 on): integer keys that order like the floats
+// (negative floats' magnitude bits flipped; the map is its own inverse). Exact, like fmaxf.
 __device__ __forceinline__ float kog_wave_max(float v) {
-#pragma unroll
-    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(KOG_FULL_MASK, v, m));
-    return v;
+    const int i = __float_as_int(v);
+    int k = i >= 0 ? i : i ^ 0x7fffffff;
+    asm volatile("redux.sync.max.s32 %0, %0, %1;" : "+r"(k) : "r"(KOG_FULL_MASK));
+    return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff);
 }
 template <typename T>
 __device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FULL_MASK, v, src); }
