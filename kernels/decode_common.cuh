@@ -21,9 +21,9 @@
 #ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
 #define KOG_ATT_TBR 0
 #endif
-#ifndef KOG_ATT_EARLY  // when an attention block issues its first round of K/V tiles: 1 before the QKV
-#define KOG_ATT_EARLY 1  // product (after its input is staged), 2 before that input's poll, 0 at the
-#endif                   // attention's start (timing experiments)
+#ifndef KOG_ATT_EARLY  // when an attention block issues its first round of K/V tiles: 3 at the end of
+#define KOG_ATT_EARLY 3  // the layer before's attention, 2 before the QKV input's poll, 1 after it,
+#endif                   // 0 at the attention's start (timing experiments)
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
