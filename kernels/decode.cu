@@ -57,7 +57,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (KOG_ATT_EARLY == 2 || (KOG_ATT_EARLY == 3 && l == 0)) att_prefetch(c, l, pos);
+        if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
@@ -87,7 +87,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const bool att_ok = attention(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
-        if (KOG_ATT_EARLY == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // the tiles' region is free until then
         end_phase(c);
         // --- O projection + residual
         if (!stage_copy<QD>(c, xs, P->attn, c.epoch)) return false;

@@ -10,8 +10,9 @@
 // softmax state; the warps of a head merge in shared memory, and when a kv head spans several
 // blocks the other units publish their partial (acc, max, sum) records as tagged words, which
 // the kv head's first unit merges with its own (no counter, no fence: one round trip).
-// With ATT_EARLY the unit's first round of tiles is issued before the layer's QKV product
-// (att_prefetch), so that it lands while that product and the q/k/v gather run.
+// With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
+// before its QKV input is polled, so that it lands during that hop and the QKV product instead
+// of delaying the q/k/v gather.
 
 __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
@@ -56,7 +57,7 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
     commit_group(c);
 }
 
-// ATT_EARLY: the unit's first round of tiles, issued before the layer's QKV product.
+// ATT_EARLY: the unit's first round of tiles, issued at the layer's start.
 __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     AttUnit a;
     if (!ATT_EARLY || !att_unit_of(c.b, pos, a)) return;  // block-uniform

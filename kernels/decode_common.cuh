@@ -21,9 +21,9 @@
 #ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
 #define KOG_ATT_TBR 0
 #endif
-#ifndef KOG_ATT_EARLY  // when an attention block issues its first round of K/V tiles: 3 at the end of
-#define KOG_ATT_EARLY 3  // the layer before's attention, 2 before the QKV input's poll, 1 after it,
-#endif                   // 0 at the attention's start (timing experiments)
+#ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
+#define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
+#endif                   // product), 0 at the attention's start
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -229,7 +229,7 @@ constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
-// while the block still runs the QKV product (issued by att_prefetch).
+// while the block still waits for its QKV input and runs the QKV product (att_prefetch).
 constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
 constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
