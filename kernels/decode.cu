@@ -57,6 +57,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
+        if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
@@ -65,6 +66,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_ATTN_NORM)) return false;
             trace_event(c);
         }
+        if (KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();

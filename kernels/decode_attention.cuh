@@ -10,6 +10,9 @@
 // softmax state; the warps of a head merge in shared memory, and when a kv head spans several
 // blocks the other units publish their partial (acc, max, sum) records as tagged words, which
 // the kv head's first unit merges with its own (no counter, no fence: one round trip).
+// With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
+// before its QKV input is polled, so that it lands during that hop and the QKV product instead
+// of delaying the q/k/v gather.
 
 __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
@@ -17,8 +20,28 @@ __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     return (ntile + tpu - 1) / tpu;   // no empty unit
 }
 
+struct AttUnit {  // a block's attention unit for one token: kv head g, unit bc of nbc, tiles [t0, t1)
+    int g, bc, nbc, t0, t1;
+};
+// Block b's unit when the token sits at position pos; false where the block has none.
+__device__ __forceinline__ bool att_unit_of(int b, int pos, AttUnit& a) {
+    const int ntile = (pos + 32) / 32;
+    int tpu;
+    a.nbc = att_units_per_head(ntile, tpu);
+    if (b >= NKV * a.nbc) return false;
+    a.g = b / a.nbc, a.bc = b - a.g * a.nbc;
+    a.t0 = a.bc * tpu, a.t1 = min(ntile, a.t0 + tpu);
+    return true;
+}
+__device__ __forceinline__ float* att_stage(const Ctx& c, int s) {  // stage s of the K/V tiles
+    return c.sm + ATT_T0 + (ATT_STAGES - 1 - s) * (TBR * TILE_F);
+}
+__device__ __forceinline__ float* att_cache(float* cache, const KParams* P, int l, int g) {  // (layer, kv head)'s rows
+    return cache + (long long)(l * NKV + g) * P->ctx_limit * D;
+}
+
 // All threads of the block: cp.async the K/V rows of this round's tiles (older positions only).
-__device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase, const float* vbase, int tile0,
+__device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const float* vbase, int tile0,
                                                int ntiles, int L, float* tiles) {
     const int pos = L - 1;
     for (int q = c.tid; q < ntiles * 32 * (D / 4); q += NTHR) {
@@ -31,7 +54,16 @@ __device__ __forceinline__ void att_load_tiles(const Ctx& c, const float* kbase,
             kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
         }
     }
-    kog_cp_async_commit();
+    commit_group(c);
+}
+
+// ATT_EARLY: the unit's first round of tiles, issued at the layer's start.
+__device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
+    AttUnit a;
+    if (!ATT_EARLY || !att_unit_of(c.b, pos, a)) return;  // block-uniform
+    att_load_tiles(c, att_cache(c.P->kc, c.P, l, a.g), att_cache(c.P->vc, c.P, l, a.g), a.t0, min(TBR, a.t1 - a.t0),
+                   pos + 1, att_stage(c, 0));
+    c.st.tiles_group = c.st.groups;
 }
 
 // Where a wave of units has many records (long contexts: up to NBLK / NKV units per kv head),
@@ -127,12 +159,10 @@ __device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsi
 
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int L = pos + 1, ntile = (L + 31) / 32;
-    int tpu;
-    const int nbc = att_units_per_head(ntile, tpu);
-    if (c.b >= NKV * nbc) return true;  // block-uniform: this block has no unit
-    const int u = c.b, g = u / nbc, bc = u - g * nbc;
-    const int t0 = bc * tpu, t1 = min(ntile, t0 + tpu);
+    const int L = pos + 1;
+    AttUnit a;
+    if (!att_unit_of(c.b, pos, a)) return true;  // block-uniform: this block has no unit
+    const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1;
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
     const int lane = c.lane, warp = c.warp;
     const int hq = warp % G, kslot = warp / G;  // this warp's query head and tile slot
@@ -143,11 +173,9 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
     float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
-    float* tiles = qs + ATT_TILES;     // [ATT_STAGES][TBR] x {K [32][KT], V [32][D]}, right after pbuf
-    const long long ctx = P->ctx_limit;  // cache positions per (layer, kv head)
-    float* kbase = P->kc + ((long long)(l * NKV + g) * ctx) * D;
-    float* vbase = P->vc + ((long long)(l * NKV + g) * ctx) * D;
-    att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, tiles);
+    float* kbase = att_cache(P->kc, P, l, g);
+    float* vbase = att_cache(P->vc, P, l, g);
+    if (!ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, att_stage(c, 0));
 
     // this token's q/k/v, straight from the tagged words the QKV phase wrote
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
@@ -201,13 +229,14 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     for (int i = 0; i < DL; ++i) acc[i] = 0.f;
     const float* q = qs + hq * D;
     for (int r0 = t0, k = 0; r0 < t1; r0 += TBR, ++k) {
-        float* round_tiles = tiles + k % ATT_STAGES * (TBR * TILE_F);
+        float* round_tiles = att_stage(c, k % ATT_STAGES);
         // the next round's tiles: with two stages, into the other stage now (its last reader
         // passed the barrier that ended the previous round); with one, this round's, only now
         const bool ahead = ATT_STAGES == 2 && r0 + TBR < t1;
-        if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), L, tiles + (k + 1) % 2 * (TBR * TILE_F));
+        if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), L, att_stage(c, (k + 1) % 2));
         else if (ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, round_tiles);
-        if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
+        if (ATT_EARLY && k == 0) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.tiles_group);  // not the ring's refills
+        else if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
         else kog_cp_async_wait_all();
         __syncthreads();
         trace_att(c, l, u, 6);
@@ -294,7 +323,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             if (nbc > 1) {
                 trace_att(c, l, u, 4);
                 ok = att_merge_records(c, pr, nbc, epoch_qkv + 1, o, M1, L1,
-                                       reinterpret_cast<kog_u64*>(tiles) + warp * MERGE_CH * D);
+                                       reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + warp * MERGE_CH * D);
             }
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);

@@ -21,6 +21,9 @@
 #ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
 #define KOG_ATT_TBR 0
 #endif
+#ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
+#define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
+#endif                   // product), 0 at the attention's start
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -224,7 +227,12 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
                             cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
-constexpr int SM_ATTN = ATT_TILES + ATT_STAGES * TBR * TILE_F;    // floats
+// The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
+// ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
+// while the block still waits for its QKV input and runs the QKV product (att_prefetch).
+constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
+constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
+constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // Copies into shared memory stream at full rate only into aligned lines (PERF.md v11: the ring
 // 1 KB-aligned ran 6-18% faster than 64-96 bytes past a 128-byte line, where the static
@@ -237,7 +245,8 @@ constexpr int RING = KOG_RING > 0 ? KOG_RING : 1536 / NTHR;  // granules in flig
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
-static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_TILES % 32 == 0, "the ring and the K/V tiles start on whole lines");
+static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
+static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
 static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 
 // The weight ring's state (the ring itself: decode_ring.cuh).
@@ -278,6 +287,8 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     int mat, layer, g;  // mat: MAT_QKV .. MAT_LM
     unsigned head, tail;  // granules issued / consumed
     unsigned held;        // refills owed (HOLD)
+    unsigned groups;      // cp.async commit groups so far (this thread's)
+    unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
 };
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)
@@ -293,3 +304,10 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
 };
+
+// Every cp.async commit group of the ring and the attention goes through here: the attention's
+// first wait counts the groups committed after its tiles (ATT_EARLY).
+__device__ __forceinline__ void commit_group(Ctx& c) {
+    kog_cp_async_commit();
+    ++c.st.groups;
+}

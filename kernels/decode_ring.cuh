@@ -35,7 +35,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
             if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         }
-    kog_cp_async_commit();
+    commit_group(c);
     ++s.head;
     s.g += NW;
 }
@@ -45,7 +45,7 @@ __device__ void ring_start(Ctx& c) {
     // which mv_run reads with zero inputs instead of branching around them
     for (int i = c.lane; i < RING * SLOT; i += KOG_WAVE) c.ring[i] = make_uint4(0u, 0u, 0u, 0u);
     c.l2_policy = kog_l2_evict_first();
-    c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0;
+    c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0, c.st.groups = 0;
     c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
@@ -109,7 +109,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
         // the next token's first weights stream while it is chosen.
         constexpr bool HOLDS = MAT != MAT_LM && (HOLD >> MAT & 1);
-        if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) kog_cp_async_commit(), ++c.st.held;
+        if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) commit_group(c), ++c.st.held;
         else ring_issue(c);
     }
     trace_mv(c, MAT, 3);

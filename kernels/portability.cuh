@@ -132,6 +132,19 @@ __device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.c
 __device__ __forceinline__ void kog_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
 template <int N>  // until at most N of this thread's newest commit groups are still in flight
 __device__ __forceinline__ void kog_cp_async_wait_pending() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
+// The same for an n known at run time (past 7: all but the newest 7, which waits a little longer).
+__device__ __forceinline__ void kog_cp_async_wait_pending_dyn(unsigned n) {
+    switch (n) {
+        case 0: kog_cp_async_wait_pending<0>(); break;
+        case 1: kog_cp_async_wait_pending<1>(); break;
+        case 2: kog_cp_async_wait_pending<2>(); break;
+        case 3: kog_cp_async_wait_pending<3>(); break;
+        case 4: kog_cp_async_wait_pending<4>(); break;
+        case 5: kog_cp_async_wait_pending<5>(); break;
+        case 6: kog_cp_async_wait_pending<6>(); break;
+        default: kog_cp_async_wait_pending<7>(); break;
+    }
+}
 __device__ __forceinline__ void kog_cp_async_wait() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
