@@ -231,6 +231,7 @@ constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
 // while the block still waits for its QKV input and runs the QKV product (att_prefetch).
 constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
+static_assert(KOG_ATT_EARLY >= 0 && KOG_ATT_EARLY <= 2, "KOG_ATT_EARLY: 0, 1 or 2 (forward() issues the tiles)");
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
 constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
