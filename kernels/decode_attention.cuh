@@ -40,7 +40,10 @@ __device__ __forceinline__ float* att_cache(float* cache, const KParams* P, int 
     return cache + (long long)(l * NKV + g) * P->ctx_limit * D;
 }
 
-// All threads of the block: cp.async the K/V rows of this round's tiles (older positions only).
+// All threads of the block: cp.async the K/V rows of this round's tiles that hold older
+// positions. The V rows from the new position on are zeros instead (their K rows are never read):
+// P x V then reads every row of the tile at a fixed offset (their weights are 0, or the new
+// row's, whose product with this token's v is added after).
 __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const float* vbase, int tile0,
                                                int ntiles, int L, float* tiles) {
     const int pos = L - 1;
@@ -48,10 +51,12 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
         const int k = q / (32 * (D / 4)), rem = q - k * (32 * (D / 4));
         const int r = rem / (D / 4), c4 = rem - r * (D / 4);
         const int p = (tile0 + k) * 32 + r;
+        float* kt = tiles + k * TILE_F;
         if (p < pos) {  // the new position comes from shared memory (this token's k and v)
-            float* kt = tiles + k * TILE_F;
             kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
             kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
+        } else {
+            *reinterpret_cast<float4*>(kt + 32 * KT + r * D + 4 * c4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
     commit_group(c);
@@ -242,9 +247,9 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
         if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
-            // Straight-line code, no branches per position. Rows from jn on come from this token's
-            // k and v (shared memory): row jn is the new position (the last of the context) when
-            // this tile holds it, and rows past the context get weight 0 (exact zeros below).
+            // Straight-line code, no branches per position. Row jn is the new position (the last
+            // of the context) when this tile holds it: its k comes from shared memory (ks), its v
+            // after the tile's rows; rows past the context get weight 0 (exact zeros below).
             const int base = tile * 32, nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32;
             const float* kt = round_tiles + kslot * TILE_F;
             const float* vt = kt + 32 * KT;
@@ -268,7 +273,10 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) acc[i] *= corr;
             m = mn;
-            // P x V: the weights through shared memory (four per read), rows in order
+            // P x V: the weights through shared memory (four per read), rows in order. The tile's
+            // V rows from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the
+            // new row's product comes last, as if in place: the same sums as reading it in order
+            // (but for the sign of a zero).
             float* pw = pbuf + warp * 32;
             pw[lane] = pe;
             kog_wave_sync();
@@ -277,12 +285,14 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                 const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
                 const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
-                for (int jj = 0; jj < 4; ++jj) {
-                    const int j = 4 * j4 + jj;
-                    const float* vrow = j < jn ? vt + j * D : vs;
+                for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
-                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vrow[lane + 32 * i], acc[i]);
-                }
+                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(4 * j4 + jj) * D + lane + 32 * i], acc[i]);
+            }
+            if (jn < 32) {  // warp-uniform: this tile holds the new position
+                const float wn = pw[jn];
+#pragma unroll
+                for (int i = 0; i < DL; ++i) acc[i] = fmaf(wn, vs[lane + 32 * i], acc[i]);
             }
             kog_wave_sync();  // pw is rewritten next round
         }
