@@ -22,7 +22,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
   product of that layer, when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
-  before its refill is issued or held).
+  before its refill is issued or held); and the weight stream's demand while that layer runs (the
+  bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -132,6 +133,7 @@ def trace(be, prompt, layers: int) -> None:
           f"(the critical path above)")
     attention_units(be, t, layers)
     product_steps(be)
+    ring_demand(be, t, layers)
 
 
 def slowest_blocks(work, ready) -> None:
@@ -190,6 +192,37 @@ def product_steps(be) -> None:
             col = rel[:, :, k][a[m, :, :, k + 1] > 0]
             cells.append(f"{step} {np.median(col):.2f} / {col.max():.2f}" if col.size else f"{step} -")
         print(f"    {name:8s} " + "; ".join(cells))
+
+
+TRACE_RING = 256  # kernels/decode_sync.cuh: refills recorded per warp
+RING_BIN_US = 0.5
+
+
+def ring_demand(be, t, layers: int) -> None:
+    """The refills every warp issued while the middle layer ran (kog_trace_ring: issue time << 3 |
+    16-byte pieces per lane), as TB/s per RING_BIN_US from that layer's last 'qkv ready', beside
+    when each of its phases' last block passed. Where demand stops, HBM idles once the ring's
+    granules in flight have landed."""
+    import cupy as cp
+
+    ptr = be.mod.get_global("kog_trace_ring")
+    a = cp.ndarray((be.nblk * (be.nthr // 32) * TRACE_RING,), cp.uint64, ptr).get()
+    a = a[a > 0]
+    if not a.size:
+        return
+    layer = layers // 2
+    first = 1 + 8 + 9 * (layer - 1)  # the layer's 'qkv ready' (kernels/decode.cu event order)
+    t0 = t[first].max()
+    when = ((a >> np.uint64(3)).astype(np.int64) - t0) / 1e3  # us
+    nbytes = (a & np.uint64(7)).astype(np.int64) * 16 * 32
+    edges = np.arange(np.floor(when.min() / RING_BIN_US) * RING_BIN_US, when.max() + RING_BIN_US, RING_BIN_US)
+    per_bin, _ = np.histogram(when, bins=edges, weights=nbytes)
+    rates = per_bin / (RING_BIN_US * 1e-6) / 1e12
+    print(f"  refills issued while layer {layer} ran: {nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its "
+          f"last 'qkv ready':")
+    print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
+    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
+    print(f"    its phases, last block (us): {phases}")
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:

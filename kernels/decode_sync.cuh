@@ -35,6 +35,22 @@ __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
     (void)c, (void)mat, (void)k;
 #endif
 }
+#ifdef KOG_TRACE
+// refills each warp issues while the traced step runs its middle layer: (issue time << 3) | u,
+// the granule's 16-byte pieces per lane (bench/decode_breakdown.py: the weight stream's demand)
+constexpr int TRACE_RING = 256;
+__device__ kog_u64 kog_trace_ring[NBLK * NW * TRACE_RING];
+#endif
+__device__ __forceinline__ void trace_ring(Ctx& c, int u) {
+#ifdef KOG_TRACE
+    if (c.step == KOG_TRACE && c.layer == NL / 2 && c.st.traced < TRACE_RING) {  // warp-uniform
+        if (c.lane == 0) kog_trace_ring[(c.b * NW + c.warp) * TRACE_RING + c.st.traced] = kog_clock_ns() << 3 | u;
+        ++c.st.traced;
+    }
+#else
+    (void)c, (void)u;
+#endif
+}
 __device__ __forceinline__ void trace_event(Ctx& c) {
 #ifdef KOG_TRACE
     if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
