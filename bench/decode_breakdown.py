@@ -199,27 +199,30 @@ RING_BIN_US = 0.5
 
 
 def ring_demand(be, t, layers: int) -> None:
-    """The refills every warp issued while the middle layer ran (kog_trace_ring: issue time << 3 |
-    16-byte pieces per lane), as TB/s per RING_BIN_US from that layer's last 'qkv ready', beside
-    when each of its phases' last block passed. Where demand stops, HBM idles once the ring's
-    granules in flight have landed."""
+    """The refills every warp issued while the middle layer ran (kog_trace_ring: issue times,
+    kog_trace_ring_n: the warp's 16-byte pieces), as TB/s per RING_BIN_US. Each block records from
+    its own start of the layer to its own end of it, so only the window in which every block
+    records is shown: from the layer's last 'qkv ready' to its first 'down done'. Beside it, when
+    each phase's last block passed. Where demand stops, HBM idles once the ring's granules in
+    flight have landed."""
     import cupy as cp
 
-    ptr = be.mod.get_global("kog_trace_ring")
-    a = cp.ndarray((be.nblk * (be.nthr // 32) * TRACE_RING,), cp.uint64, ptr).get()
-    a = a[a > 0]
-    if not a.size:
-        return
+    n = be.nblk * (be.nthr // 32) * TRACE_RING
+    stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
+    pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
     layer = layers // 2
     first = 1 + 8 + 9 * (layer - 1)  # the layer's 'qkv ready' (kernels/decode.cu event order)
-    t0 = t[first].max()
-    when = ((a >> np.uint64(3)).astype(np.int64) - t0) / 1e3  # us
-    nbytes = (a & np.uint64(7)).astype(np.int64) * 16 * 32
-    edges = np.arange(np.floor(when.min() / RING_BIN_US) * RING_BIN_US, when.max() + RING_BIN_US, RING_BIN_US)
+    t0, t1 = t[first].max(), t[first + 8].min()  # every block records between these
+    if t1 <= t0:
+        return
+    keep = (stamps >= t0) & (stamps < t1)
+    when = (stamps[keep] - t0) / 1e3  # us
+    nbytes = pieces[keep] * 16
+    edges = np.arange(0.0, (t1 - t0) / 1e3 + 1e-9, RING_BIN_US)
     per_bin, _ = np.histogram(when, bins=edges, weights=nbytes)
     rates = per_bin / (RING_BIN_US * 1e-6) / 1e12
-    print(f"  refills issued while layer {layer} ran: {nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its "
-          f"last 'qkv ready':")
+    print(f"  refills issued in layer {layer} while every block ran it ({(t1 - t0) / 1e3:.1f} us): "
+          f"{nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its last 'qkv ready':")
     print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
     phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
     print(f"    its phases, last block (us): {phases}")

@@ -36,19 +36,24 @@ __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
 #endif
 }
 #ifdef KOG_TRACE
-// refills each warp issues while the traced step runs its middle layer: (issue time << 3) | u,
-// the granule's 16-byte pieces per lane (bench/decode_breakdown.py: the weight stream's demand)
+// refills each warp issues while the traced step runs its middle layer: when, and the warp's
+// 16-byte pieces (bench/decode_breakdown.py: the weight stream's demand)
 constexpr int TRACE_RING = 256;
 __device__ kog_u64 kog_trace_ring[NBLK * NW * TRACE_RING];
+__device__ unsigned short kog_trace_ring_n[NBLK * NW * TRACE_RING];
 #endif
-__device__ __forceinline__ void trace_ring(Ctx& c, int u) {
+__device__ __forceinline__ void trace_ring(Ctx& c, int pieces) {
 #ifdef KOG_TRACE
     if (c.step == KOG_TRACE && c.layer == NL / 2 && c.st.traced < TRACE_RING) {  // warp-uniform
-        if (c.lane == 0) kog_trace_ring[(c.b * NW + c.warp) * TRACE_RING + c.st.traced] = kog_clock_ns() << 3 | u;
+        if (c.lane == 0) {
+            const int k = (c.b * NW + c.warp) * TRACE_RING + c.st.traced;
+            kog_trace_ring[k] = kog_clock_ns();
+            kog_trace_ring_n[k] = (unsigned short)pieces;
+        }
         ++c.st.traced;
     }
 #else
-    (void)c, (void)u;
+    (void)c, (void)pieces;
 #endif
 }
 __device__ __forceinline__ void trace_event(Ctx& c) {
