@@ -217,7 +217,7 @@ def ring_demand(be, t, layers: int) -> None:
         return
     keep = (stamps >= t0) & (stamps < t1)
     when = (stamps[keep] - t0) / 1e3  # us
-    nbytes = pieces[keep] * 16
+    nbytes = (pieces[keep] & 0xFF) * 16
     edges = np.arange(0.0, (t1 - t0) / 1e3 + 1e-9, RING_BIN_US)
     per_bin, _ = np.histogram(when, bins=edges, weights=nbytes)
     rates = per_bin / (RING_BIN_US * 1e-6) / 1e12
@@ -226,6 +226,16 @@ def ring_demand(be, t, layers: int) -> None:
     print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
     phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
     print(f"    its phases, last block (us): {phases}")
+    recorded = stamps > 0  # every refill of the layer, each block's whole stretch of it
+    which = pieces[recorded] >> 8
+    issued = (stamps[recorded] - t0) / 1e3
+    cells = []
+    for code in sorted(set(which.tolist())):
+        mat, ahead = code & 7, code >> 3
+        at = issued[which == code]
+        name = f"{MV_NAMES[mat] if mat < len(MV_NAMES) else 'lm head'}{' (next layer)' if ahead else ''}"
+        cells.append(f"{name} {np.percentile(at, 5):+.2f} / {np.median(at):+.2f} / {np.percentile(at, 95):+.2f}")
+    print("    refills issued per matrix, us from the last 'qkv ready' (5th percentile / median / 95th): " + "; ".join(cells))
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:

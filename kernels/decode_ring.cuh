@@ -36,7 +36,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         }
     commit_group(c);
-    trace_ring(c, min(KOG_WAVE * s.src.u, s.src.kv - seg * KOG_WAVE * s.src.u));
+    trace_ring(c, min(KOG_WAVE * s.src.u, s.src.kv - seg * KOG_WAVE * s.src.u), s.mat, s.layer);
     ++s.head;
     s.g += NW;
 }
