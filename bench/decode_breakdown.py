@@ -22,7 +22,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
   product of that layer, when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
-  before its refill is issued or held).
+  before its refill is issued or held); and the weight stream's demand while that layer runs (the
+  bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -132,6 +133,7 @@ def trace(be, prompt, layers: int) -> None:
           f"(the critical path above)")
     attention_units(be, t, layers)
     product_steps(be)
+    ring_demand(be, t, layers)
 
 
 def slowest_blocks(work, ready) -> None:
@@ -190,6 +192,50 @@ def product_steps(be) -> None:
             col = rel[:, :, k][a[m, :, :, k + 1] > 0]
             cells.append(f"{step} {np.median(col):.2f} / {col.max():.2f}" if col.size else f"{step} -")
         print(f"    {name:8s} " + "; ".join(cells))
+
+
+TRACE_RING = 256  # kernels/decode_sync.cuh: refills recorded per warp
+RING_BIN_US = 0.5
+
+
+def ring_demand(be, t, layers: int) -> None:
+    """The refills every warp issued while the middle layer ran (kog_trace_ring: issue times,
+    kog_trace_ring_n: the warp's 16-byte pieces), as TB/s per RING_BIN_US. Each block records from
+    its own start of the layer to its own end of it, so only the window in which every block
+    records is shown: from the layer's last 'qkv ready' to its first 'down done'. Beside it, when
+    each phase's last block passed. Where demand stops, HBM idles once the ring's granules in
+    flight have landed."""
+    import cupy as cp
+
+    n = be.nblk * (be.nthr // 32) * TRACE_RING
+    stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
+    pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
+    layer = layers // 2
+    first = 1 + 8 + 9 * (layer - 1)  # the layer's 'qkv ready' (kernels/decode.cu event order)
+    t0, t1 = t[first].max(), t[first + 8].min()  # every block records between these
+    if t1 <= t0:
+        return
+    keep = (stamps >= t0) & (stamps < t1)
+    when = (stamps[keep] - t0) / 1e3  # us
+    nbytes = (pieces[keep] & 0xFF) * 16
+    edges = np.arange(0.0, (t1 - t0) / 1e3 + 1e-9, RING_BIN_US)
+    per_bin, _ = np.histogram(when, bins=edges, weights=nbytes)
+    rates = per_bin / (RING_BIN_US * 1e-6) / 1e12
+    print(f"  refills issued in layer {layer} while every block ran it ({(t1 - t0) / 1e3:.1f} us): "
+          f"{nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its last 'qkv ready':")
+    print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
+    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
+    print(f"    its phases, last block (us): {phases}")
+    recorded = stamps > 0  # every refill of the layer, each block's whole stretch of it
+    which = pieces[recorded] >> 8
+    issued = (stamps[recorded] - t0) / 1e3
+    cells = []
+    for code in sorted(set(which.tolist())):
+        mat, ahead = code & 7, code >> 3
+        at = issued[which == code]
+        name = f"{MV_NAMES[mat] if mat < len(MV_NAMES) else 'lm head'}{' (next layer)' if ahead else ''}"
+        cells.append(f"{name} {np.percentile(at, 5):+.2f} / {np.median(at):+.2f} / {np.percentile(at, 95):+.2f}")
+    print("    refills issued per matrix, us from the last 'qkv ready' (5th percentile / median / 95th): " + "; ".join(cells))
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:

@@ -229,6 +229,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     c.lane = threadIdx.x & 31;
     c.warp = threadIdx.x >> 5;
     c.epoch = 0;
+    c.step = -1, c.layer = -1;  // no token yet: ring_start's refills are not traced
     c.sm = kog_smem;
     c.red16 = red16;
     c.sint = sint;

@@ -290,6 +290,9 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned held;        // refills owed (HOLD)
     unsigned groups;      // cp.async commit groups so far (this thread's)
     unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
+#ifdef KOG_TRACE
+    unsigned traced;       // refills recorded by trace_ring
+#endif
 };
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)

@@ -36,6 +36,7 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         }
     commit_group(c);
+    trace_ring(c, min(KOG_WAVE * s.src.u, s.src.kv - seg * KOG_WAVE * s.src.u), s.mat, s.layer);
     ++s.head;
     s.g += NW;
 }
@@ -46,6 +47,9 @@ __device__ void ring_start(Ctx& c) {
     for (int i = c.lane; i < RING * SLOT; i += KOG_WAVE) c.ring[i] = make_uint4(0u, 0u, 0u, 0u);
     c.l2_policy = kog_l2_evict_first();
     c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0, c.st.groups = 0;
+#ifdef KOG_TRACE
+    c.st.traced = 0;
+#endif
     c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }

@@ -35,6 +35,28 @@ __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
     (void)c, (void)mat, (void)k;
 #endif
 }
+#ifdef KOG_TRACE
+// refills each warp issues while the traced step runs its middle layer: when, and the warp's
+// 16-byte pieces | the matrix << 8 | 1 << 11 for the next layer's (bench/decode_breakdown.py:
+// the weight stream's demand, and when each matrix's refills went out)
+constexpr int TRACE_RING = 256;
+__device__ kog_u64 kog_trace_ring[NBLK * NW * TRACE_RING];
+__device__ unsigned short kog_trace_ring_n[NBLK * NW * TRACE_RING];
+#endif
+__device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int layer) {
+#ifdef KOG_TRACE
+    if (c.step == KOG_TRACE && c.layer == NL / 2 && c.st.traced < TRACE_RING) {  // warp-uniform
+        if (c.lane == 0) {
+            const int k = (c.b * NW + c.warp) * TRACE_RING + c.st.traced;
+            kog_trace_ring[k] = kog_clock_ns();
+            kog_trace_ring_n[k] = (unsigned short)(pieces | mat << 8 | (layer != c.layer) << 11);
+        }
+        ++c.st.traced;
+    }
+#else
+    (void)c, (void)pieces, (void)mat, (void)layer;
+#endif
+}
 __device__ __forceinline__ void trace_event(Ctx& c) {
 #ifdef KOG_TRACE
     if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
