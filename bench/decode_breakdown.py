@@ -64,6 +64,7 @@ VARIANTS = {
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
+    "hold-qkv-o": {"KOG_HOLD": "3"},
     "hold-gu": {"KOG_HOLD": "4"},
     "hold-dn": {"KOG_HOLD": "8"},
     "hold": {"KOG_HOLD": "14"},

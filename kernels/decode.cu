@@ -13,8 +13,8 @@
 // token boundaries (LM head -> token choice) use per-block epoch flags (release store /
 // acquire poll). Phase numbers only grow during a launch, so nothing is reset mid-run.
 // Weights stream through a per-warp shared-memory ring (decode_ring.cuh) that runs
-// ahead across phases: they do not depend on activations, so HBM keeps streaming while a
-// phase waits for its input.
+// ahead across phases: they do not depend on activations, so HBM keeps streaming into a
+// phase's wait for its input, as far as the ring reaches (~3 us of HBM time).
 //
 // Matrix-vector products: each block owns a contiguous range of output rows (the tensor-
 // parallel split of a later issue is the same cut one level up); within a block, the warps

@@ -7,8 +7,11 @@
 // (per layer QKV, O, gate/up, down; then the LM head; then layer 0 of the next token), through
 // RING shared-memory slots with cp.async: RING granules stay in flight at all times, across
 // phase boundaries and waits (weights do not depend on activations), so HBM keeps streaming
-// while a phase waits for its input. Each lane copies and later reads only its own 16-byte
-// pieces, so a slot needs no barrier, only the lane's own cp.async.wait_group.
+// into a phase's wait for its input. A slot is refilled only when a product empties it, so
+// the ring covers ~3 us of a wait; the big shapes' attention and hops wait ~12 us per layer,
+// and weights issued inside those waits slow their round trips more than they save (PERF.md
+// session 14). Each lane copies and later reads only its own 16-byte pieces, so a slot needs
+// no barrier, only the lane's own cp.async.wait_group.
 
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
