@@ -77,14 +77,13 @@ def serial_loads(listing: str) -> Counter:
         pending: dict[int, str] = {}  # register -> source line of the load still filling it
         for i, (text, where) in enumerate(block):
             opcode, operands = _opcode_and_operands(text)
-            waited = {pending[r] for r in _read(opcode, operands) if r in pending}
+            used = _read(opcode, operands)
+            waited = {pending.pop(r) for r in used & pending.keys()}
             if waited:
                 later = next((w for t, w in block[i + 1:] if _is_global_load(_opcode_and_operands(t)[0])), None)
                 if later is not None:
                     for load in waited:
                         found[(load, where, later)] += 1
-                for r in _read(opcode, operands):
-                    pending.pop(r, None)
             if _is_global_load(opcode):
                 for r in _written(opcode, operands):
                     pending[r] = where
