@@ -212,12 +212,29 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
+        // Two words per thread: first one test over both, which needs both loads, then the words'
+        // own checks. Without it ptxas put the first word's check between the two loads (Qwen2.5,
+        // SmolLM2's act: two round trips per round); with it, nvcc 13 keeps the loads together on
+        // the four shapes (bench/sass_audit.py). Three words per thread were together already, and
+        // the test there only cost spills.
+        constexpr bool FIRST_ALL = T::NV == 2;
+        unsigned stale = 0;
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (((pending >> k) & 1u) && tag_ready(w[k].x, tag) && tag_ready(w[k].y, tag)) {
-                out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
-                pending &= ~(1u << k);
-            }
+            if (FIRST_ALL && ((pending >> k) & 1u)) stale |= (kog_tag_of(w[k].x) ^ tag) | (kog_tag_of(w[k].y) ^ tag);
+        if (KOG_EXP == 4 || (FIRST_ALL && stale == 0)) {
+#pragma unroll
+            for (int k = 0; k < T::NV; ++k)
+                if ((pending >> k) & 1u) out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+            pending = 0;
+        } else {
+#pragma unroll
+            for (int k = 0; k < T::NV; ++k)
+                if (((pending >> k) & 1u) && tag_ready(w[k].x, tag) && tag_ready(w[k].y, tag)) {
+                    out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+                    pending &= ~(1u << k);
+                }
+        }
         if (pending && !poll_again(c, it, t0, tag)) return false;
     }
     return true;
@@ -289,6 +306,9 @@ __device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
 #pragma unroll
     for (int k = 0; k < NV; ++k)
         if (c.tid + k * NTHR < N4) v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + c.tid + k * NTHR);
+    // keeps every load above the stores: without it ptxas paired each load with its store on the
+    // Llama shape (registers at the cap), six L2 round trips one after another (PERF.md session 14)
+    kog_wave_sync();
 #pragma unroll
     for (int k = 0; k < NV; ++k)
         if (c.tid + k * NTHR < N4) *reinterpret_cast<float4*>(xs + xs_index(4 * (c.tid + k * NTHR))) = v[k];
