@@ -10,6 +10,11 @@ warp last ran it 39-234 KB of code ago; and whether an L2 prefetch works:
 every block asks L2 for 128 KB (one thread's bulk `cp.async.bulk.prefetch.L2`, or every
 thread's `prefetch.global.L2` per line), waits 10 us, then reads it; against reading 128 KB
 no one asked for. Runs last, in its own launch: the decode kernel hung with bulk prefetches.
+Before it, the hop alone: every block stores its slice of an n-word tagged vector and then
+gathers all of it, as the decode kernel's hops do, many hops in a row (n = 576 .. 8960 as in
+the four shapes, on all multiprocessors or a quarter of them, polls back to back or sleeping
+100 ns after a miss, the vector stored once or in 2-8 copies that different blocks poll): what one
+hop costs with no weights streaming and no math, and whether the polls' own traffic slows it.
 
     python bench/sync_probe.py
 """
@@ -195,6 +200,63 @@ extern "C" __global__ void probe_islands_96(u64* out, float* sink) { icache_isla
 extern "C" __global__ void probe_islands_128(u64* out, float* sink) { icache_islands<128>(out, sink); }
 extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_islands<192>(out, sink); }
 
+// An all-to-all hop chain: every block stores its slice of an n-word tagged vector (tag r, as
+// kog_st_tagged), then every thread polls its pairs of the whole vector until they carry r, all
+// of a round's loads in flight (as gather_tagged); reps hops in a row. Two buffers in turn: a
+// block can only store hop r + 2 after every block stored hop r + 1, so after every block read
+// hop r. copies > 1: every block stores its slice into that many copies of the vector, and block
+// b polls copy b % copies (fewer pollers per L2 line). sleep_ns > 0: a poll round that misses
+// sleeps that long. out[0] = ns per hop (block 0);
+// out[1] = hops that gave up (a bound on the rounds keeps a bug from hanging the device).
+template <int NV>
+__device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
+    const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
+    const int r0 = (int)((long long)b * n / nb), r1 = (int)((long long)(b + 1) * n / nb);
+    float acc = 0.f;
+    unsigned gave_up = 0;
+    __syncthreads();
+    const u64 t0 = now();
+    for (unsigned r = 1; r <= (unsigned)reps; ++r) {
+        u64* buf = vec + (size_t)(r & 1) * copies * n;
+        for (int i = r0 + t; i < r1; i += nt)
+            for (int c = 0; c < copies; ++c)
+                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(buf + c * n + i), "l"(((u64)r << 32) | __float_as_uint((float)i)) : "memory");
+        const u64* v = buf + (b % copies) * n;
+        unsigned pending = 0;
+        #pragma unroll
+        for (int k = 0; k < NV; ++k)
+            if (t + k * nt < n / 2) pending |= 1u << k;
+        for (int it = 0; pending && it < (1 << 20); ++it) {
+            ulonglong2 w[NV];
+            #pragma unroll
+            for (int k = 0; k < NV; ++k)
+                if ((pending >> k) & 1u)
+                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[k].x), "=l"(w[k].y) : "l"(v + 2 * (t + k * nt)) : "memory");
+            unsigned stale = 0;
+            #pragma unroll
+            for (int k = 0; k < NV; ++k)
+                if ((pending >> k) & 1u) stale |= ((unsigned)(w[k].x >> 32) ^ r) | ((unsigned)(w[k].y >> 32) ^ r);
+            #pragma unroll
+            for (int k = 0; k < NV; ++k)
+                if (((pending >> k) & 1u) && (stale == 0 || ((unsigned)(w[k].x >> 32) == r && (unsigned)(w[k].y >> 32) == r))) {
+                    acc += __uint_as_float((unsigned)w[k].x) + __uint_as_float((unsigned)w[k].y);
+                    pending &= ~(1u << k);
+                }
+            if (pending && sleep_ns) __nanosleep(sleep_ns);
+        }
+        gave_up += pending != 0;
+        __syncthreads();
+    }
+    const u64 t1 = now();
+    if (acc == 1.2345f) sink[0] = acc;
+    if (gave_up) atomicAdd(out + 1, (u64)gave_up);
+    if (t == 0 && b == 0) out[0] = (t1 - t0) / reps;
+}
+extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12>(vec, n, copies, reps, sleep_ns, out, sink); }
+
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
 // out[0]: ns to issue the prefetches; out[1]: ns to read the 128 KB (block 0).
@@ -280,6 +342,18 @@ def main() -> None:
         o = out.get()
         print(f"{n} islands of 64 FMAs (~{1.22 * n:.0f} KB of code), each after a 1 us wait: cycles per island per pass "
               f"{' '.join(str(int(v)) for v in o[:4])}")
+    hop_threads = 384  # the decode kernel's block on the big shapes; n / 2 pairs over them: NV pairs per thread
+    vec = cp.zeros(2 * 8 * 8960, dtype=cp.uint64)
+    for n, nv in ((576, 1), (1536, 2), (2048, 3), (8960, 12)):
+        for grid, copies, sleep_ns in ((nsm, 1, 0), (nsm // 4, 1, 0), (nsm, 1, 100), (nsm, 2, 0), (nsm, 4, 0), (nsm, 8, 0)):
+            vec.fill(0)
+            out.fill(0)
+            mod.get_function(f"probe_hop_{nv}")((grid,), (hop_threads,), (vec, np.int32(n), np.int32(copies), np.int32(2000),
+                                                                          np.int32(sleep_ns), out, fsink))
+            cp.cuda.Device().synchronize()
+            o = out.get()
+            print(f"hop of a {n}-word tagged vector, {grid} blocks, {copies} cop{'y' if copies == 1 else 'ies'}, polls "
+                  f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
     regions = big.size * 4 // (128 * 1024)
     for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
                                          (2, "per-line prefetch (every thread)")] * 2):
