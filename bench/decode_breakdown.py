@@ -13,7 +13,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
-  call, so compare versions only side by side; "a+b" combines variants a and b, and a version
+  call, so compare versions only side by side (and a version may read ~0.5% under the tree's own
+  build of the same kernels: PERF.md session 15); "a+b" combines variants a and b, and a version
   with variants (baseline+no-weight-loads: the baseline without loads). Make one with
   `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git ignores .bench:
   carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;

@@ -34,7 +34,7 @@ def _opcode_and_operands(text: str) -> tuple[str, list[str]]:
 
 
 def _is_global_load(opcode: str) -> bool:
-    return opcode.startswith("LDG") or opcode.startswith("LD.")
+    return opcode.startswith(("LDG", "LD."))
 
 
 def _written(opcode: str, operands: list[str]) -> list[int]:
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.nvdisasm:
         print("sass_audit: no nvdisasm on PATH; pass --nvdisasm PATH", file=sys.stderr)
         return 2
-    run = subprocess.run([args.nvdisasm, "-g", "-c", args.cubin], capture_output=True, text=True)
+    run = subprocess.run([args.nvdisasm, "-g", "-c", args.cubin], capture_output=True, text=True, check=False)
     if run.returncode != 0:
         print(f"sass_audit: nvdisasm failed: {run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}",
               file=sys.stderr)
