@@ -49,6 +49,7 @@ VARIANTS = {
     "no-L2-hint": {"KOG_EXP": "3"},
     "no-waits": {"KOG_EXP": "4"},
     "ring-2": {"KOG_RING": "2"},
+    "ring-3": {"KOG_RING": "3"},
     "ring-4": {"KOG_RING": "4"},
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},

@@ -9,7 +9,7 @@
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
-#ifndef KOG_RING  // timing experiments: weight granules in flight per warp (0: 96 KB per block, RING below)
+#ifndef KOG_RING  // timing experiments: weight granules in flight per warp (0: RING below)
 #define KOG_RING 0
 #endif
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
@@ -241,9 +241,14 @@ constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // compiler pads the static part), and the ring after the region starts aligned too.
 constexpr int SMEM_ALIGN = 1024;  // bytes
 constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
-// the weight ring lives beside that region (aligned like it): it streams across every phase
-constexpr int RING = KOG_RING > 0 ? KOG_RING : 1536 / NTHR;  // granules in flight per warp: 96 KB per block
+// the weight ring lives beside that region (aligned like it): it streams across every phase.
+// Granules in flight per warp: 96 KB per block, which the big shapes' products need to keep HBM
+// busy. Where a block's share of a whole layer fits in three per warp (SmolLM2), three: the ring
+// still runs a layer ahead, and each hop's L2 round trips, which queue behind the weights in
+// flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
+constexpr bool LAYER_IN_3 = 2 * LSTRIDE / NBLK <= NW * 3 * SLOT * 16;
+constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_IN_3 ? 3 : 1536 / NTHR;
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");

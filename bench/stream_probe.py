@@ -1,0 +1,291 @@
+"""How evenly the blocks of a grid finish one product's share of the weights (timing only).
+
+In the decode kernel every block streams a contiguous run of rows per product (Llama-3.2-1B's
+gate/up: 496 KB a block), and the slowest block sets the phase: on the big shapes the slowest
+block of gate/up ends 2-3 us after the median one (PERF.md sessions 4 and 14), not always the
+same block. This probe streams such a phase alone, many times (a grid barrier before each,
+fresh memory each time), through a per-thread ring of 16-byte cp.async copies as the kernel's
+(96 KB in flight per block), and compares two layouts of the same bytes:
+
+- runs: block b's share is one contiguous run (the kernel's layout): 132 streams far apart;
+- interleaved: the share is cut into chunks and chunk c of block b lies at (c * grid + b):
+  the grid sweeps one contiguous front of memory together.
+
+For each it prints the phase (last block done - last block started), the median block and the
+slowest block, against the bytes at the ceiling measured in the same run. Then the same phases
+through the kernel's own ring structure (per-warp slots of 2 KB granules, each granule's math
+before its slot is refilled, or the refill first), and last what an L2 round trip costs the
+critical path while the grid streams: one lane per block chases pointers through an L2-resident
+ring while the block's other warps keep 11-132 KB in flight, in every block or in every other
+block only (is the wait in the block's own memory pipeline, or shared in L2?).
+
+    python bench/stream_probe.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+
+// Phase `rep` of many: all blocks meet (counter), then each streams its share of the region
+// at `base`; out[rep][b] = (start, end).
+extern "C" __global__ void phase_stream(const uint4* src, long long per_block, int log_chunk, int interleaved,
+                                        long long region, int reps, unsigned* counter, u64* out) {
+    extern __shared__ __align__(16) uint4 slots[];
+    constexpr int S = 16;
+    const int T = blockDim.x, G = gridDim.x, b = blockIdx.x;
+    const long long n = per_block / T;  // copies per thread
+    u64 policy;  // evict-first in L2, as the kernel's ring
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    for (int rep = 0; rep < reps; ++rep) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            atomicAdd(counter, 1u);
+            const u64 t = now();
+            while (atomicAdd(counter, 0u) < (unsigned)(G * (rep + 1)) && now() - t < 100000000ull) {}
+        }
+        __syncthreads();
+        const u64 t0 = now();
+        const uint4* base = src + (long long)rep * region;
+        for (long long i = 0; i < n; ++i) {
+            if (i >= S) asm volatile("cp.async.wait_group %0;" :: "n"(S - 1) : "memory");
+            const long long v = i * T + threadIdx.x;  // the block's v-th vector
+            const long long at = interleaved ? (((v >> log_chunk) * G + b) << log_chunk) + (v & ((1 << log_chunk) - 1))
+                                             : b * per_block + v;
+            const unsigned d = (unsigned)__cvta_generic_to_shared(slots + (i % S) * T + threadIdx.x);
+            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                         :: "r"(d), "l"(base + at), "l"(policy) : "memory");
+            asm volatile("cp.async.commit_group;" ::: "memory");
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            out[2 * ((long long)rep * G + b)] = t0;
+            out[2 * ((long long)rep * G + b) + 1] = now();
+        }
+    }
+}
+
+// The same phase through the decode kernel's ring (decode_ring.cuh mv_run): each warp takes
+// granules warp, warp + NW, ... (2 KB each: 4 16-byte vectors a lane), RING slots per warp; a
+// granule's math is the kernel's (bf16 -> fp32 dot products against inputs in registers, a
+// five-step shuffle sum, one shared store); the slot is refilled after the math (refill 0, as
+// the kernel) or as soon as its weights are in registers (refill 1); math 0 skips the math.
+template <int RING>
+__device__ void ring_phase(const uint4* src, long long per_block, int math, int early, long long region, int reps,
+                           unsigned* counter, u64* out) {
+    extern __shared__ __align__(16) uint4 ring_smem[];
+    constexpr int SLOT = 128;
+    __shared__ float red[4096];
+    const int G = gridDim.x, b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    uint4* ring = ring_smem + warp * RING * SLOT;
+    const int ngran = (int)(per_block / SLOT);
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    float4 xa[4], xb[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
+    for (int rep = 0; rep < reps; ++rep) {
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            atomicAdd(counter, 1u);
+            const u64 t = now();
+            while (atomicAdd(counter, 0u) < (unsigned)(G * (rep + 1)) && now() - t < 100000000ull) {}
+        }
+        __syncthreads();
+        const u64 t0 = now();
+        const uint4* base = src + (long long)rep * region + (long long)b * per_block;
+        int issued = warp, head = 0, tail = 0;
+        auto refill = [&]() {
+            if (issued < ngran) {
+                uint4* slot = ring + (head % RING) * SLOT;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const unsigned d = (unsigned)__cvta_generic_to_shared(slot + i * 32 + lane);
+                    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                                 :: "r"(d), "l"(base + (long long)issued * SLOT + i * 32 + lane), "l"(policy) : "memory");
+                }
+                issued += NW;
+            }
+            asm volatile("cp.async.commit_group;" ::: "memory");
+            ++head;
+        };
+        for (int i = 0; i < RING; ++i) refill();
+        for (int g = warp; g < ngran; g += NW) {
+            asm volatile("cp.async.wait_group %0;" :: "n"(RING - 1) : "memory");
+            const uint4* slot = ring + (tail % RING) * SLOT;
+            uint4 wv[4];
+#pragma unroll
+            for (int i = 0; i < 4; ++i) wv[i] = slot[i * 32 + lane];
+            ++tail;
+            if (early) refill();
+            if (math) {
+                float acc = 0.f;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const uint4 w = wv[i];
+                    float s0 = __uint_as_float(w.x << 16) * xa[i].x, t0v = __uint_as_float(w.z << 16) * xb[i].x;
+                    s0 = fmaf(__uint_as_float(w.x & 0xffff0000u), xa[i].y, s0), t0v = fmaf(__uint_as_float(w.z & 0xffff0000u), xb[i].y, t0v);
+                    s0 = fmaf(__uint_as_float(w.y << 16), xa[i].z, s0), t0v = fmaf(__uint_as_float(w.w << 16), xb[i].z, t0v);
+                    s0 = fmaf(__uint_as_float(w.y & 0xffff0000u), xa[i].w, s0), t0v = fmaf(__uint_as_float(w.w & 0xffff0000u), xb[i].w, t0v);
+                    acc += s0 + t0v;
+                }
+#pragma unroll
+                for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+                if (lane == 0) red[g & 4095] = acc;
+            } else if (lane == 0) {
+                red[g & 4095] = __uint_as_float(wv[0].x ^ wv[3].w);
+            }
+            if (!early) refill();
+        }
+        asm volatile("cp.async.wait_all;" ::: "memory");
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            out[2 * ((long long)rep * G + b)] = t0;
+            out[2 * ((long long)rep * G + b) + 1] = now();
+        }
+    }
+}
+extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, int math, int early, long long region,
+                                       int reps, unsigned* counter, u64* out) {
+    ring_phase<4>(src, per_block, math, early, region, reps, counter, out);
+}
+
+// What a round trip to L2 costs the critical path while the weights stream: in every block,
+// warps 1.. stream their block's run of the buffer through a ring of S 16-byte copies per thread,
+// while warp 0's lane 0 chases pointers through an L2-resident ring (each load depends on the
+// one before). out[b] = ns per dependent load; the caller times the whole (S = 0: no stream).
+template <int S>
+__device__ void loaded_latency(const uint4* src, long long per_block, const unsigned* chase, int n_chase, int quiet_odd,
+                               u64* out) {
+    extern __shared__ __align__(16) uint4 ring[];
+    if (threadIdx.x < 32) {
+        if (threadIdx.x == 0) {
+            unsigned i = blockIdx.x;
+            for (int k = 0; k < 64; ++k) i = __ldcg(chase + i);
+            const u64 t0 = now();
+            for (int k = 0; k < n_chase; ++k) i = __ldcg(chase + i);
+            out[blockIdx.x] = (now() - t0) / n_chase + (i == 0xffffffffu);
+        }
+        return;
+    }
+    if (S == 0 || (quiet_odd && (blockIdx.x & 1))) return;  // odd blocks only chase: is the wait local or in L2?
+    u64 policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const int T = blockDim.x - 32, t = threadIdx.x - 32;
+    const uint4* p = src + blockIdx.x * per_block;
+    const long long n = per_block / T;
+    for (long long i = 0; i < n; ++i) {
+        if (i >= S) asm volatile("cp.async.wait_group %0;" :: "n"(S > 0 ? S - 1 : 0) : "memory");
+        const unsigned d = (unsigned)__cvta_generic_to_shared(ring + (i % (S > 0 ? S : 1)) * T + t);
+        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                     :: "r"(d), "l"(p + i * T + t), "l"(policy) : "memory");
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+}
+#define LOADED(S) extern "C" __global__ void loaded_##S(const uint4* src, long long per_block, const unsigned* chase, \
+    int n_chase, int quiet_odd, u64* out) { loaded_latency<S>(src, per_block, chase, n_chase, quiet_odd, out); }
+LOADED(0) LOADED(2) LOADED(4) LOADED(8) LOADED(12) LOADED(16) LOADED(24)
+"""
+
+
+def main() -> None:
+    import cupy as cp
+
+    mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
+    fn = mod.get_function("phase_stream")
+    nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    thr, smem = 384, 200 * 1024  # one block per multiprocessor, as the decode kernel
+    fn.max_dynamic_shared_size_bytes = smem
+    big = cp.zeros(4 << 30, dtype=cp.uint8)
+    counter = cp.zeros(1, dtype=cp.uint32)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    # the ceiling in this run: the same kernel, one long phase per block
+    per = (4 << 30) // 16 // nsm // thr * thr
+    out = cp.zeros(2 * nsm, dtype=cp.uint64)
+    best = 0.0
+    for _ in range(3):
+        counter.fill(0)
+        start.record()
+        fn((nsm,), (thr,), (big, np.int64(per), np.int32(10), np.int32(0), np.int64(0), np.int32(1), counter, out),
+           shared_mem=smem)
+        stop.record()
+        stop.synchronize()
+        best = max(best, nsm * per * 16 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9)
+    print(f"{nsm} blocks streaming {nsm * per * 16 >> 20} MB once: {best:.0f} GB/s (the ceiling below)")
+    shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
+    for name, share in shapes:
+        per = share // 16 // thr * thr  # whole ring rounds
+        region = (nsm * per + 4095) // 4096 * 4096
+        reps = min(64, (4 << 30) // 16 // region)
+        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
+        ideal = nsm * per * 16 / best / 1e3  # us
+        for layout, log_chunk in (("runs", 0), ("interleaved 2 KB", 7), ("interleaved 8 KB", 9), ("runs", 0)):
+            counter.fill(0)
+            fn((nsm,), (thr,), (big, np.int64(per), np.int32(log_chunk), np.int32(log_chunk > 0), np.int64(region),
+                                np.int32(reps), counter, out), shared_mem=smem)
+            cp.cuda.Device().synchronize()
+            t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]  # the first phases warm up
+            work = (t[:, :, 1] - t[:, :, 0]) / 1e3
+            phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, {layout:17s}: phase {np.median(phase):6.2f} us "
+                  f"(ideal {ideal:5.2f}), median block {np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, "
+                  f"spread of starts {np.median(t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3:4.2f} us")
+    # the same phases through the kernel's ring structure
+    kr = mod.get_function("ring_phase4")
+    kr.max_dynamic_shared_size_bytes = smem
+    for name, share in shapes[:3]:
+        per = share // 16 // 128 * 128  # whole 2 KB granules
+        region = (nsm * per + 4095) // 4096 * 4096
+        reps = min(64, (4 << 30) // 16 // region)
+        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
+        ideal = nsm * per * 16 / best / 1e3
+        for label, math, early in (("no math", 0, 0), ("math, refill after it", 1, 0), ("math, refill first", 1, 1),
+                                   ("math, refill after it", 1, 0)):
+            counter.fill(0)
+            kr((nsm,), (thr,), (big, np.int64(per), np.int32(math), np.int32(early), np.int64(region), np.int32(reps),
+                                counter, out), shared_mem=smem)
+            cp.cuda.Device().synchronize()
+            t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]
+            work = (t[:, :, 1] - t[:, :, 0]) / 1e3
+            phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: phase {np.median(phase):6.2f} us "
+                  f"(ideal {ideal:5.2f}), median block {np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}")
+    # the critical path's L2 round trip against the ring's depth
+    n = 1 << 16  # 256 KB: L2-resident
+    perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
+    ring = np.empty(n, np.uint32)
+    ring[perm] = np.roll(perm, -1)
+    chase = cp.asarray(ring)
+    lat = cp.zeros(nsm, dtype=cp.uint64)
+    per = (16 << 20) // 16 // 352 * 352  # 16 MB a block, 11 streaming warps: ~240-480 us
+    n_chase = 200  # at most ~220 us of chasing: all of it while the stream runs
+    for depth in (0, 2, 4, 8, 12, 16, 24):
+        k = mod.get_function(f"loaded_{depth}")
+        k.max_dynamic_shared_size_bytes = smem
+        for quiet_odd in (0, 1):
+            rates = []
+            for _ in range(3):
+                start.record()
+                k((nsm,), (thr,), (big, np.int64(per), chase, np.int32(n_chase), np.int32(quiet_odd), lat), shared_mem=smem)
+                stop.record()
+                stop.synchronize()
+                streamers = nsm // 2 if quiet_odd else nsm
+                rates.append(streamers * per * 16 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9)
+            ns = lat.get().astype(np.int64)
+            mine, quiet = ns[0::2], ns[1::2] if quiet_odd else ns
+            stream = f"{max(rates):5.0f} GB/s" if depth else " none     "
+            who = "even blocks stream" if quiet_odd else "every block streams"
+            print(f"ring of {depth:2d} copies a thread ({depth * 16 * 352 // 1024:3d} KB a block in flight), {who:19s}: "
+                  f"stream {stream}; L2 round trip beside it, median / max ns: in streaming blocks {np.median(mine):5.0f} / "
+                  f"{mine.max():5.0f}" + (f", in quiet blocks {np.median(quiet):5.0f} / {quiet.max():5.0f}" if quiet_odd else ""))
+            if not depth:
+                break
+
+
+if __name__ == "__main__":
+    main()
