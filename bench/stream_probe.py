@@ -29,6 +29,31 @@ import numpy as np
 SOURCE = r"""
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ u64 evict_first() {  // the L2 policy of the kernel's ring
+    u64 p;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
+    return p;
+}
+// All blocks meet before phase `rep` (bounded); returns when this block starts it.
+__device__ __forceinline__ u64 meet(unsigned* counter, int rep) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        atomicAdd(counter, 1u);
+        const u64 t = now();
+        while (atomicAdd(counter, 0u) < gridDim.x * (rep + 1u) && now() - t < 100000000ull) {}
+    }
+    __syncthreads();
+    return now();
+}
+// out[rep][block] = (start, end), once the block's copies have landed.
+__device__ __forceinline__ void record(u64* out, int rep, u64 t0) {
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const long long k = 2 * ((long long)rep * gridDim.x + blockIdx.x);
+        out[k] = t0, out[k + 1] = now();
+    }
+}
 
 // Phase `rep` of many: all blocks meet (counter), then each streams its share of the region
 // at `base`; out[rep][b] = (start, end).
@@ -38,17 +63,9 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
     constexpr int S = 16;
     const int T = blockDim.x, G = gridDim.x, b = blockIdx.x;
     const long long n = per_block / T;  // copies per thread
-    u64 policy;  // evict-first in L2, as the kernel's ring
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const u64 policy = evict_first();
     for (int rep = 0; rep < reps; ++rep) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            atomicAdd(counter, 1u);
-            const u64 t = now();
-            while (atomicAdd(counter, 0u) < (unsigned)(G * (rep + 1)) && now() - t < 100000000ull) {}
-        }
-        __syncthreads();
-        const u64 t0 = now();
+        const u64 t0 = meet(counter, rep);
         const uint4* base = src + (long long)rep * region;
         for (long long i = 0; i < n; ++i) {
             if (i >= S) asm volatile("cp.async.wait_group %0;" :: "n"(S - 1) : "memory");
@@ -60,12 +77,7 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
                          :: "r"(d), "l"(base + at), "l"(policy) : "memory");
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            out[2 * ((long long)rep * G + b)] = t0;
-            out[2 * ((long long)rep * G + b) + 1] = now();
-        }
+        record(out, rep, t0);
     }
 }
 
@@ -80,23 +92,15 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
     extern __shared__ __align__(16) uint4 ring_smem[];
     constexpr int SLOT = 128;
     __shared__ float red[4096];
-    const int G = gridDim.x, b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
     uint4* ring = ring_smem + warp * RING * SLOT;
     const int ngran = (int)(per_block / SLOT);
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const u64 policy = evict_first();
     float4 xa[4], xb[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
     for (int rep = 0; rep < reps; ++rep) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            atomicAdd(counter, 1u);
-            const u64 t = now();
-            while (atomicAdd(counter, 0u) < (unsigned)(G * (rep + 1)) && now() - t < 100000000ull) {}
-        }
-        __syncthreads();
-        const u64 t0 = now();
+        const u64 t0 = meet(counter, rep);
         const uint4* base = src + (long long)rep * region + (long long)b * per_block;
         int issued = warp, head = 0, tail = 0;
         auto refill = [&]() {
@@ -141,12 +145,7 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
             }
             if (!early) refill();
         }
-        asm volatile("cp.async.wait_all;" ::: "memory");
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            out[2 * ((long long)rep * G + b)] = t0;
-            out[2 * ((long long)rep * G + b) + 1] = now();
-        }
+        record(out, rep, t0);
     }
 }
 extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, int math, int early, long long region,
@@ -173,8 +172,7 @@ __device__ void loaded_latency(const uint4* src, long long per_block, const unsi
         return;
     }
     if (S == 0 || (quiet_odd && (blockIdx.x & 1))) return;  // odd blocks only chase: is the wait local or in L2?
-    u64 policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+    const u64 policy = evict_first();
     const int T = blockDim.x - 32, t = threadIdx.x - 32;
     const uint4* p = src + blockIdx.x * per_block;
     const long long n = per_block / T;
@@ -218,43 +216,37 @@ def main() -> None:
         best = max(best, nsm * per * 16 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9)
     print(f"{nsm} blocks streaming {nsm * per * 16 >> 20} MB once: {best:.0f} GB/s (the ceiling below)")
     shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
-    for name, share in shapes:
-        per = share // 16 // thr * thr  # whole ring rounds
+
+    def phases(kernel, per: int, args: tuple) -> str:
+        """Up to 64 phases of `per` vectors a block on fresh memory; the first four warm up."""
         region = (nsm * per + 4095) // 4096 * 4096
         reps = min(64, (4 << 30) // 16 // region)
         out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
-        ideal = nsm * per * 16 / best / 1e3  # us
+        counter.fill(0)
+        kernel((nsm,), (thr,), (big, np.int64(per), *args, np.int64(region), np.int32(reps), counter, out),
+               shared_mem=smem)
+        cp.cuda.Device().synchronize()
+        t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]
+        work = (t[:, :, 1] - t[:, :, 0]) / 1e3
+        phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
+        starts = (t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3
+        return (f"phase {np.median(phase):6.2f} us (ideal {nsm * per * 16 / best / 1e3:5.2f}), median block "
+                f"{np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, spread of starts {np.median(starts):4.2f}")
+
+    for name, share in shapes:
+        per = share // 16 // thr * thr  # whole ring rounds
         for layout, log_chunk in (("runs", 0), ("interleaved 2 KB", 7), ("interleaved 8 KB", 9), ("runs", 0)):
-            counter.fill(0)
-            fn((nsm,), (thr,), (big, np.int64(per), np.int32(log_chunk), np.int32(log_chunk > 0), np.int64(region),
-                                np.int32(reps), counter, out), shared_mem=smem)
-            cp.cuda.Device().synchronize()
-            t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]  # the first phases warm up
-            work = (t[:, :, 1] - t[:, :, 0]) / 1e3
-            phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
-            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, {layout:17s}: phase {np.median(phase):6.2f} us "
-                  f"(ideal {ideal:5.2f}), median block {np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, "
-                  f"spread of starts {np.median(t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3:4.2f} us")
+            line = phases(fn, per, (np.int32(log_chunk), np.int32(log_chunk > 0)))
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, {layout:17s}: {line}")
     # the same phases through the kernel's ring structure
     kr = mod.get_function("ring_phase4")
     kr.max_dynamic_shared_size_bytes = smem
     for name, share in shapes[:3]:
         per = share // 16 // 128 * 128  # whole 2 KB granules
-        region = (nsm * per + 4095) // 4096 * 4096
-        reps = min(64, (4 << 30) // 16 // region)
-        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
-        ideal = nsm * per * 16 / best / 1e3
         for label, math, early in (("no math", 0, 0), ("math, refill after it", 1, 0), ("math, refill first", 1, 1),
                                    ("math, refill after it", 1, 0)):
-            counter.fill(0)
-            kr((nsm,), (thr,), (big, np.int64(per), np.int32(math), np.int32(early), np.int64(region), np.int32(reps),
-                                counter, out), shared_mem=smem)
-            cp.cuda.Device().synchronize()
-            t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]
-            work = (t[:, :, 1] - t[:, :, 0]) / 1e3
-            phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
-            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: phase {np.median(phase):6.2f} us "
-                  f"(ideal {ideal:5.2f}), median block {np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}")
+            line = phases(kr, per, (np.int32(math), np.int32(early)))
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
     # the critical path's L2 round trip against the ring's depth
     n = 1 << 16  # 256 KB: L2-resident
     perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
@@ -277,7 +269,7 @@ def main() -> None:
                 streamers = nsm // 2 if quiet_odd else nsm
                 rates.append(streamers * per * 16 / (cp.cuda.get_elapsed_time(start, stop) * 1e-3) / 1e9)
             ns = lat.get().astype(np.int64)
-            mine, quiet = ns[0::2], ns[1::2] if quiet_odd else ns
+            mine, quiet = (ns[0::2], ns[1::2]) if quiet_odd else (ns, ns)
             stream = f"{max(rates):5.0f} GB/s" if depth else " none     "
             who = "even blocks stream" if quiet_odd else "every block streams"
             print(f"ring of {depth:2d} copies a thread ({depth * 16 * 352 // 1024:3d} KB a block in flight), {who:19s}: "
