@@ -14,7 +14,8 @@ fresh memory each time), through a per-thread ring of 16-byte cp.async copies as
 For each it prints the phase (last block done - last block started), the median block and the
 slowest block, against the bytes at the ceiling measured in the same run. Then the same phases
 through the kernel's own ring structure (per-warp slots of 2 KB granules, each granule's math
-before its slot is refilled, or the refill first), and last what an L2 round trip costs the
+before its slot is refilled, or the refill first; alone, and with a 13th warp chasing pointers
+meanwhile: the round trip a product's stream imposes), and last what an L2 round trip costs the
 critical path while the grid streams: one lane per block chases pointers through an L2-resident
 ring while the block's other warps keep 11-132 KB in flight, in every block or in every other
 block only (is the wait in the block's own memory pipeline, or shared in L2?).
@@ -34,25 +35,57 @@ __device__ __forceinline__ u64 evict_first() {  // the L2 policy of the kernel's
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
+// The block's first `workers` threads meet at a named barrier (a chasing warp beyond them does not).
+__device__ __forceinline__ void sync_workers(int workers) { asm volatile("bar.sync 1, %0;" :: "r"(workers) : "memory"); }
 // All blocks meet before phase `rep` (bounded); returns when this block starts it.
-__device__ __forceinline__ u64 meet(unsigned* counter, int rep) {
-    __syncthreads();
+__device__ __forceinline__ u64 meet(unsigned* counter, int rep, int workers) {
+    sync_workers(workers);
     if (threadIdx.x == 0) {
         atomicAdd(counter, 1u);
         const u64 t = now();
         while (atomicAdd(counter, 0u) < gridDim.x * (rep + 1u) && now() - t < 100000000ull) {}
     }
-    __syncthreads();
+    sync_workers(workers);
     return now();
 }
 // out[rep][block] = (start, end), once the block's copies have landed.
-__device__ __forceinline__ void record(u64* out, int rep, u64 t0) {
+__device__ __forceinline__ void record(u64* out, int rep, u64 t0, int workers) {
     asm volatile("cp.async.wait_all;" ::: "memory");
-    __syncthreads();
+    sync_workers(workers);
     if (threadIdx.x == 0) {
         const long long k = 2 * ((long long)rep * gridDim.x + blockIdx.x);
         out[k] = t0, out[k + 1] = now();
     }
+}
+// One lane chases pointers through an L2-resident ring until the workers are done: lat[block] =
+// ns per dependent load while the block's phases ran.
+__device__ void chase_while(const volatile int* done, const unsigned* chase, u64* lat) {
+    if ((threadIdx.x & 31) != 0) return;
+    unsigned i = blockIdx.x, n = 0;
+    const u64 t0 = now();
+    while (!*done) {
+#pragma unroll 1
+        for (int k = 0; k < 16; ++k) i = __ldcg(chase + i);
+        n += 16;
+    }
+    lat[blockIdx.x] = (now() - t0) / (n ? n : 1) + (i == 0xffffffffu);
+}
+// A granule's math as mv_run's: bf16 -> fp32 dot products against inputs in registers, a
+// five-step shuffle sum.
+__device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const float4 (&xa)[4], const float4 (&xb)[4]) {
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const uint4 w = wv[i];
+        float s0 = __uint_as_float(w.x << 16) * xa[i].x, t0 = __uint_as_float(w.z << 16) * xb[i].x;
+        s0 = fmaf(__uint_as_float(w.x & 0xffff0000u), xa[i].y, s0), t0 = fmaf(__uint_as_float(w.z & 0xffff0000u), xb[i].y, t0);
+        s0 = fmaf(__uint_as_float(w.y << 16), xa[i].z, s0), t0 = fmaf(__uint_as_float(w.w << 16), xb[i].z, t0);
+        s0 = fmaf(__uint_as_float(w.y & 0xffff0000u), xa[i].w, s0), t0 = fmaf(__uint_as_float(w.w & 0xffff0000u), xb[i].w, t0);
+        acc += s0 + t0;
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    return acc;
 }
 
 // Phase `rep` of many: all blocks meet (counter), then each streams its share of the region
@@ -65,7 +98,7 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
     const long long n = per_block / T;  // copies per thread
     const u64 policy = evict_first();
     for (int rep = 0; rep < reps; ++rep) {
-        const u64 t0 = meet(counter, rep);
+        const u64 t0 = meet(counter, rep, blockDim.x);
         const uint4* base = src + (long long)rep * region;
         for (long long i = 0; i < n; ++i) {
             if (i >= S) asm volatile("cp.async.wait_group %0;" :: "n"(S - 1) : "memory");
@@ -77,22 +110,26 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
                          :: "r"(d), "l"(base + at), "l"(policy) : "memory");
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
-        record(out, rep, t0);
+        record(out, rep, t0, blockDim.x);
     }
 }
 
-// The same phase through the decode kernel's ring (decode_ring.cuh mv_run): each warp takes
-// granules warp, warp + NW, ... (2 KB each: 4 16-byte vectors a lane), RING slots per warp; a
-// granule's math is the kernel's (bf16 -> fp32 dot products against inputs in registers, a
-// five-step shuffle sum, one shared store); the slot is refilled after the math (refill 0, as
-// the kernel) or as soon as its weights are in registers (refill 1); math 0 skips the math.
+// The same phase through the decode kernel's ring (decode_ring.cuh mv_run): warps 0..11 take
+// granules warp, warp + 12, ... (2 KB each: 4 16-byte vectors a lane), RING slots per warp; a
+// granule's math is the kernel's; the slot is refilled after the math (refill 0, as the kernel)
+// or as soon as its weights are in registers (refill 1); math 0 skips the math. A 13th warp, where
+// launched, chases pointers meanwhile (chase_while).
+constexpr int NWC = 12, SLOT = 128;  // consumer warps; 16-byte vectors per granule
 template <int RING>
 __device__ void ring_phase(const uint4* src, long long per_block, int math, int early, long long region, int reps,
-                           unsigned* counter, u64* out) {
+                           unsigned* counter, u64* out, const unsigned* chase, u64* lat) {
     extern __shared__ __align__(16) uint4 ring_smem[];
-    constexpr int SLOT = 128;
-    __shared__ float red[4096];
-    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, NW = blockDim.x >> 5;
+    __shared__ volatile float red[4096];  // the math's results: kept, so the math is too
+    __shared__ volatile int done;
+    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = NWC * 32;
+    if (threadIdx.x == 0) done = 0;
+    __syncthreads();
+    if (warp >= NWC) return chase_while(&done, chase, lat);
     uint4* ring = ring_smem + warp * RING * SLOT;
     const int ngran = (int)(per_block / SLOT);
     const u64 policy = evict_first();
@@ -100,7 +137,7 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
 #pragma unroll
     for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
     for (int rep = 0; rep < reps; ++rep) {
-        const u64 t0 = meet(counter, rep);
+        const u64 t0 = meet(counter, rep, workers);
         const uint4* base = src + (long long)rep * region + (long long)b * per_block;
         int issued = warp, head = 0, tail = 0;
         auto refill = [&]() {
@@ -112,13 +149,13 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
                     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
                                  :: "r"(d), "l"(base + (long long)issued * SLOT + i * 32 + lane), "l"(policy) : "memory");
                 }
-                issued += NW;
+                issued += NWC;
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
             ++head;
         };
         for (int i = 0; i < RING; ++i) refill();
-        for (int g = warp; g < ngran; g += NW) {
+        for (int g = warp; g < ngran; g += NWC) {
             asm volatile("cp.async.wait_group %0;" :: "n"(RING - 1) : "memory");
             const uint4* slot = ring + (tail % RING) * SLOT;
             uint4 wv[4];
@@ -126,31 +163,18 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
             for (int i = 0; i < 4; ++i) wv[i] = slot[i * 32 + lane];
             ++tail;
             if (early) refill();
-            if (math) {
-                float acc = 0.f;
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const uint4 w = wv[i];
-                    float s0 = __uint_as_float(w.x << 16) * xa[i].x, t0v = __uint_as_float(w.z << 16) * xb[i].x;
-                    s0 = fmaf(__uint_as_float(w.x & 0xffff0000u), xa[i].y, s0), t0v = fmaf(__uint_as_float(w.z & 0xffff0000u), xb[i].y, t0v);
-                    s0 = fmaf(__uint_as_float(w.y << 16), xa[i].z, s0), t0v = fmaf(__uint_as_float(w.w << 16), xb[i].z, t0v);
-                    s0 = fmaf(__uint_as_float(w.y & 0xffff0000u), xa[i].w, s0), t0v = fmaf(__uint_as_float(w.w & 0xffff0000u), xb[i].w, t0v);
-                    acc += s0 + t0v;
-                }
-#pragma unroll
-                for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
-                if (lane == 0) red[g & 4095] = acc;
-            } else if (lane == 0) {
-                red[g & 4095] = __uint_as_float(wv[0].x ^ wv[3].w);
-            }
+            float acc = __uint_as_float(wv[0].x ^ wv[3].w);
+            if (math) acc = granule_math(wv, xa, xb);  // a branch: `math ? ... : ...` computed it always
+            if (lane == 0) red[g & 4095] = acc;
             if (!early) refill();
         }
-        record(out, rep, t0);
+        record(out, rep, t0, workers);
     }
+    if (threadIdx.x == 0) done = 1;
 }
 extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, int math, int early, long long region,
-                                       int reps, unsigned* counter, u64* out) {
-    ring_phase<4>(src, per_block, math, early, region, reps, counter, out);
+                                       int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) {
+    ring_phase<4>(src, per_block, math, early, region, reps, counter, out, chase, lat);
 }
 
 // What a round trip to L2 costs the critical path while the weights stream: in every block,
@@ -191,6 +215,15 @@ LOADED(0) LOADED(2) LOADED(4) LOADED(8) LOADED(12) LOADED(16) LOADED(24)
 """
 
 
+def l2_ring(cp):
+    """A 256 KB cycle of indices in random order (L2-resident): a pointer chase's ring."""
+    n = 1 << 16
+    perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
+    ring = np.empty(n, np.uint32)
+    ring[perm] = np.roll(perm, -1)
+    return cp.asarray(ring)
+
+
 def main() -> None:
     import cupy as cp
 
@@ -217,43 +250,47 @@ def main() -> None:
     print(f"{nsm} blocks streaming {nsm * per * 16 >> 20} MB once: {best:.0f} GB/s (the ceiling below)")
     shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
 
-    def phases(kernel, per: int, args: tuple) -> str:
-        """Up to 64 phases of `per` vectors a block on fresh memory; the first four warm up."""
+    chase = l2_ring(cp)
+    lat = cp.zeros(nsm, dtype=cp.uint64)
+
+    def phases(kernel, per: int, args: tuple, threads: int = thr, chased: bool | None = None) -> str:
+        """Up to 64 phases of `per` vectors a block on fresh memory; the first four warm up. A
+        kernel with a chasing warp takes (chase, lat) last (`chased` not None); where it is
+        launched with that warp (`chased`), the L2 round trip meanwhile is reported."""
         region = (nsm * per + 4095) // 4096 * 4096
         reps = min(64, (4 << 30) // 16 // region)
         out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
         counter.fill(0)
-        kernel((nsm,), (thr,), (big, np.int64(per), *args, np.int64(region), np.int32(reps), counter, out),
+        tail = () if chased is None else (chase, lat)
+        kernel((nsm,), (threads,), (big, np.int64(per), *args, np.int64(region), np.int32(reps), counter, out, *tail),
                shared_mem=smem)
         cp.cuda.Device().synchronize()
-        t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]
+        raw = out.get().astype(np.int64)
+        if raw[0] == 0:
+            return "broken (a wait gave up)"
+        t = raw.reshape(reps, nsm, 2)[4:]
         work = (t[:, :, 1] - t[:, :, 0]) / 1e3
         phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
         starts = (t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3
         return (f"phase {np.median(phase):6.2f} us (ideal {nsm * per * 16 / best / 1e3:5.2f}), median block "
-                f"{np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, spread of starts {np.median(starts):4.2f}")
+                f"{np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, spread of starts {np.median(starts):4.2f}"
+                + (f"; L2 round trip meanwhile {np.median(lat.get()):5.0f} ns" if chased else ""))
 
     for name, share in shapes:
         per = share // 16 // thr * thr  # whole ring rounds
         for layout, log_chunk in (("runs", 0), ("interleaved 2 KB", 7), ("interleaved 8 KB", 9), ("runs", 0)):
             line = phases(fn, per, (np.int32(log_chunk), np.int32(log_chunk > 0)))
             print(f"{name:16s} {per * 16 // 1024:4d} KB a block, {layout:17s}: {line}")
-    # the same phases through the kernel's ring structure
+    # the same phases through the kernel's ring structure, alone and with a 13th warp chasing pointers
     kr = mod.get_function("ring_phase4")
     kr.max_dynamic_shared_size_bytes = smem
     for name, share in shapes[:3]:
         per = share // 16 // 128 * 128  # whole 2 KB granules
-        for label, math, early in (("no math", 0, 0), ("math, refill after it", 1, 0), ("math, refill first", 1, 1),
-                                   ("math, refill after it", 1, 0)):
-            line = phases(kr, per, (np.int32(math), np.int32(early)))
-            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
+        for label, math, early in (("no math", 0, 0), ("math, refill after it", 1, 0), ("math, refill first", 1, 1)):
+            for chased in (False, True):
+                line = phases(kr, per, (np.int32(math), np.int32(early)), thr + 32 * chased, chased)
+                print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
     # the critical path's L2 round trip against the ring's depth
-    n = 1 << 16  # 256 KB: L2-resident
-    perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
-    ring = np.empty(n, np.uint32)
-    ring[perm] = np.roll(perm, -1)
-    chase = cp.asarray(ring)
-    lat = cp.zeros(nsm, dtype=cp.uint64)
     per = (16 << 20) // 16 // 352 * 352  # 16 MB a block, 11 streaming warps: ~240-480 us
     n_chase = 200  # at most ~220 us of chasing: all of it while the stream runs
     for depth in (0, 2, 4, 8, 12, 16, 24):
