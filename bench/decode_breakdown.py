@@ -7,6 +7,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
+  KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
+  (0: every granule summed by shuffles);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;
@@ -63,6 +65,8 @@ VARIANTS = {
     "att-tbr-2": {"KOG_ATT_TBR": "2"},
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
+    "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)
+    "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # per-lane sums in products of up to 4 granules per warp
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

@@ -88,6 +88,17 @@ __device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const float4
     return acc;
 }
 
+// The granule math's inputs (any finite values).
+__device__ __forceinline__ void granule_inputs(int lane, float4 (&xa)[4], float4 (&xb)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
+}
+// One 16-byte copy into shared memory, with the ring's L2 policy.
+__device__ __forceinline__ void copy16(const void* dst, const uint4* src, u64 policy) {
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src), "l"(policy) : "memory");
+}
+
 // Phase `rep` of many: all blocks meet (counter), then each streams its share of the region
 // at `base`; out[rep][b] = (start, end).
 extern "C" __global__ void phase_stream(const uint4* src, long long per_block, int log_chunk, int interleaved,
@@ -105,9 +116,7 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
             const long long v = i * T + threadIdx.x;  // the block's v-th vector
             const long long at = interleaved ? (((v >> log_chunk) * G + b) << log_chunk) + (v & ((1 << log_chunk) - 1))
                                              : b * per_block + v;
-            const unsigned d = (unsigned)__cvta_generic_to_shared(slots + (i % S) * T + threadIdx.x);
-            asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
-                         :: "r"(d), "l"(base + at), "l"(policy) : "memory");
+            copy16(slots + (i % S) * T + threadIdx.x, base + at, policy);
             asm volatile("cp.async.commit_group;" ::: "memory");
         }
         record(out, rep, t0, blockDim.x);
@@ -134,8 +143,7 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
     const int ngran = (int)(per_block / SLOT);
     const u64 policy = evict_first();
     float4 xa[4], xb[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
+    granule_inputs(lane, xa, xb);
     for (int rep = 0; rep < reps; ++rep) {
         const u64 t0 = meet(counter, rep, workers);
         const uint4* base = src + (long long)rep * region + (long long)b * per_block;
@@ -144,11 +152,7 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
             if (issued < ngran) {
                 uint4* slot = ring + (head % RING) * SLOT;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const unsigned d = (unsigned)__cvta_generic_to_shared(slot + i * 32 + lane);
-                    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
-                                 :: "r"(d), "l"(base + (long long)issued * SLOT + i * 32 + lane), "l"(policy) : "memory");
-                }
+                for (int i = 0; i < 4; ++i) copy16(slot + i * 32 + lane, base + (long long)issued * SLOT + i * 32 + lane, policy);
                 issued += NWC;
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -177,6 +181,123 @@ extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, in
     ring_phase<4>(src, per_block, math, early, region, reps, counter, out, chase, lat);
 }
 
+// The same phase fed by a producer warp against a budget of bytes in flight (PERF.md Next 1):
+// the 12 consumer warps take granules as ring_phase's (warp w: w, w + 12, ...) from a pool of
+// NSLOT 2 KB slots, granule k in slot k % NSLOT; warp 12 issues granule k once its slot is empty
+// and fewer than `budget` granules are in flight (issued, not landed), so the pool may hold more
+// landed granules than are in flight. Each slot has a `full` mbarrier (the producer's 32 lanes'
+// copies arrive on it as they land: cp.async.mbarrier.arrive.noinc) and an `empty` one (the
+// consumer's lane 0 arrives once the warp's registers hold the granule). Granule and lap numbers
+// run on across phases (k0), so no barrier is re-armed. A wait gives up after ~50 ms and counts
+// the failure in err (a bug must not hang the probe).
+constexpr int NSLOT = 48;
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ bool mbar_test(u64* m, unsigned parity) {  // has phase `parity` of m completed?
+    unsigned r;
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(r) : "r"(smem_addr(m)), "r"(parity) : "memory");
+    return r != 0;
+}
+__device__ __forceinline__ bool mbar_try(u64* m, unsigned parity) {  // the same, the thread suspended a while first
+    unsigned r;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(r) : "r"(smem_addr(m)), "r"(parity) : "memory");
+    return r != 0;
+}
+// Until phase `parity` of m completes: spinning on test_wait, or (suspend) through try_wait.
+__device__ __forceinline__ void mbar_wait(u64* m, unsigned parity, unsigned* err, bool suspend) {
+    if (mbar_test(m, parity)) return;
+    const u64 t0 = now();
+    while (!(suspend ? mbar_try(m, parity) : mbar_test(m, parity)))
+        if (now() - t0 > 50000000ull) {
+            atomicAdd(err, 1u);
+            return;
+        }
+}
+__device__ __forceinline__ void mbar_arrive(u64* m) {
+    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(smem_addr(m)) : "memory");
+}
+// GROUPS 0: the copies tracked by cp.async.mbarrier.arrive.noinc, `budget` granules in flight at
+// most; GROUPS n: by commit groups, n in flight at most (cp.async.wait_group n - 1 after each).
+// solo: no consumers, the producer overwrites its slots unread (its own issue rate).
+template <int GROUPS>
+__device__ void budget_phase(const uint4* src, long long per_block, int budget, bool suspend, bool solo, long long region, int reps,
+                             unsigned* counter, u64* out, unsigned* err, const unsigned* chase, u64* lat) {
+    extern __shared__ __align__(16) uint4 pool[];
+    __shared__ volatile float red[4096];
+    __shared__ volatile int done;
+    __shared__ __align__(8) u64 full[NSLOT], empty[NSLOT];
+    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + 1) * 32;
+    if (threadIdx.x == 0) {
+        done = 0;
+        for (int s = 0; s < NSLOT; ++s) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;" :: "r"(smem_addr(full + s)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(empty + s)) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (warp > NWC) return chase_while(&done, chase, lat);
+    const int ngran = (int)(per_block / SLOT);
+    const u64 policy = evict_first();
+    float4 xa[4], xb[4];
+    granule_inputs(lane, xa, xb);
+    for (int rep = 0; rep < reps; ++rep) {
+        const u64 t0 = meet(counter, rep, workers);
+        const uint4* base = src + (long long)rep * region + (long long)b * per_block;
+        const long long k0 = (long long)rep * ngran;
+        if (warp == NWC) {  // the producer
+            long long landed = k0;  // the oldest granule not yet seen landed
+            for (int k = 0; k < ngran; ++k) {
+                const long long kk = k0 + k;
+                const int s = (int)(kk % NSLOT);
+                const unsigned lap = (unsigned)(kk / NSLOT);
+                if (GROUPS) {  // each lane arrives on a granule's `full` once its own copies of it have landed
+                    if (lap > 0 && !solo && !mbar_test(empty + s, (lap - 1) & 1u)) {  // the consumers may wait for what landed
+                        asm volatile("cp.async.wait_all;" ::: "memory");
+                        for (; landed < kk; ++landed) mbar_arrive(full + landed % NSLOT);
+                    }
+                } else {
+                    for (; kk - landed >= budget; ++landed) mbar_wait(full + landed % NSLOT, (unsigned)(landed / NSLOT) & 1u, err, suspend);
+                }
+                if (lap > 0 && !solo) mbar_wait(empty + s, (lap - 1) & 1u, err, suspend);  // the slot's last granule is taken
+#pragma unroll
+                for (int i = 0; i < 4; ++i) copy16(pool + s * SLOT + i * 32 + lane, base + (long long)k * SLOT + i * 32 + lane, policy);
+                if (GROUPS) {
+                    asm volatile("cp.async.commit_group;" ::: "memory");
+                    asm volatile("cp.async.wait_group %0;" :: "n"(GROUPS - 1) : "memory");  // the budget
+                    for (; kk - landed >= GROUPS - 1 && landed <= kk; ++landed) mbar_arrive(full + landed % NSLOT);
+                } else {
+                    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_addr(full + s)) : "memory");
+                }
+            }
+            if (GROUPS) {
+                asm volatile("cp.async.wait_all;" ::: "memory");
+                for (; landed < k0 + ngran; ++landed) mbar_arrive(full + landed % NSLOT);
+            }
+        } else if (!solo) {  // a consumer
+            for (int g = warp; g < ngran; g += NWC) {
+                const long long kk = k0 + g;
+                const int s = (int)(kk % NSLOT);
+                mbar_wait(full + s, (unsigned)(kk / NSLOT) & 1u, err, suspend);
+                uint4 wv[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i) wv[i] = pool[s * SLOT + i * 32 + lane];
+                __syncwarp();
+                if (lane == 0) mbar_arrive(empty + s);
+                const float acc = granule_math(wv, xa, xb);
+                if (lane == 0) red[g & 4095] = acc;
+            }
+        }
+        record(out, rep, t0, workers);
+    }
+    if (threadIdx.x == 0) done = 1;
+}
+#define BUDGET(G) extern "C" __global__ void budget_phase_##G(const uint4* src, long long per_block, int budget, \
+    int suspend, long long region, int reps, unsigned* counter, u64* out, unsigned* err, const unsigned* chase, u64* lat) { \
+    budget_phase<G>(src, per_block, budget, suspend == 1, suspend == 2, region, reps, counter, out, err, chase, lat); }
+BUDGET(0) BUDGET(8) BUDGET(16) BUDGET(24) BUDGET(32)
+
 // What a round trip to L2 costs the critical path while the weights stream: in every block,
 // warps 1.. stream their block's run of the buffer through a ring of S 16-byte copies per thread,
 // while warp 0's lane 0 chases pointers through an L2-resident ring (each load depends on the
@@ -202,9 +323,7 @@ __device__ void loaded_latency(const uint4* src, long long per_block, const unsi
     const long long n = per_block / T;
     for (long long i = 0; i < n; ++i) {
         if (i >= S) asm volatile("cp.async.wait_group %0;" :: "n"(S > 0 ? S - 1 : 0) : "memory");
-        const unsigned d = (unsigned)__cvta_generic_to_shared(ring + (i % (S > 0 ? S : 1)) * T + t);
-        asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;"
-                     :: "r"(d), "l"(p + i * T + t), "l"(policy) : "memory");
+        copy16(ring + (i % (S > 0 ? S : 1)) * T + t, p + i * T + t, policy);
         asm volatile("cp.async.commit_group;" ::: "memory");
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
@@ -263,15 +382,15 @@ def main() -> None:
     chase = l2_ring(cp)
     lat = cp.zeros(nsm, dtype=cp.uint64)
 
-    def phases(kernel, per: int, args: tuple, threads: int = thr, chased: bool | None = None) -> str:
+    def phases(kernel, per: int, args: tuple, threads: int = thr, chased: bool | None = None, extra: tuple = ()) -> str:
         """Up to 64 phases of `per` vectors a block on fresh memory; the first four warm up. A
-        kernel with a chasing warp takes (chase, lat) last (`chased` not None); where it is
-        launched with that warp (`chased`), the L2 round trip meanwhile is reported."""
+        kernel with a chasing warp takes (chase, lat) last (`chased` not None), after `extra`;
+        where it is launched with that warp (`chased`), the L2 round trip meanwhile is reported."""
         region = (nsm * per + 4095) // 4096 * 4096
         reps = min(64, (4 << 30) // 16 // region)
         out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
         counter.fill(0)
-        tail = () if chased is None else (chase, lat)
+        tail = extra + (() if chased is None else (chase, lat))
         kernel((nsm,), (threads,), (big, np.int64(per), *args, np.int64(region), np.int32(reps), counter, out, *tail),
                shared_mem=smem)
         cp.cuda.Device().synchronize()
@@ -297,6 +416,18 @@ def main() -> None:
             for chased in (False, True):
                 line = phases(kr, per, (np.int32(math), np.int32(early)), thr + 32 * chased, chased)
                 print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
+    # the same phases fed by a producer warp against a budget of granules in flight, a chasing warp beside
+    err = cp.zeros(1, dtype=cp.uint32)
+    for name, share in shapes[:3]:
+        per = share // 16 // 128 * 128
+        for groups, budget, suspend in ((0, 16, 0), (0, 16, 1), (0, 48, 1), (8, 8, 1), (16, 16, 1), (32, 32, 1), (8, 8, 2),
+                                        (32, 32, 2)):
+            kb = mod.get_function(f"budget_phase_{groups}")
+            kb.max_dynamic_shared_size_bytes = smem
+            how = ("commit groups" if groups else "mbarrier arrive") + (", waits spin", ", waits suspend", ", alone")[suspend]
+            line = phases(kb, per, (np.int32(budget), np.int32(suspend)), thr + 64, True, (err,))
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, producer warp, {how}, {budget * 2:2d} KB in flight at most: "
+                  f"{line}" + (f"; {int(err.get()[0])} waits gave up" if int(err.get()[0]) else ""))
     # the critical path's L2 round trip against the ring's depth
     per = (16 << 20) // 16 // 352 * 352  # 16 MB a block, 11 streaming warps: ~240-480 us
     n_chase = 200  # at most ~220 us of chasing: all of it while the stream runs

@@ -21,6 +21,9 @@
 #ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
 #define KOG_ATT_TBR 0
 #endif
+#ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
+#define KOG_LANE_SUMS 2   // 0: every product sums its granules by shuffles)
+#endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
@@ -164,6 +167,7 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     }
     return kv < 64 ? (kv + 31) / 32 : best;
 }
+constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
 template <int K, int NROWS, int RU>
 struct Mv {
     static constexpr int KV = K / 8;  // 16-byte vectors per row
@@ -173,6 +177,13 @@ struct Mv {
     static constexpr bool FULL = KV % SEGW == 0;
     static constexpr int NUNITS = NROWS / RU;
     static constexpr int MAXR = (NUNITS + NBLK - 1) / NBLK * RU;
+    // Where a warp takes at most two granules (SmolLM2's four layer products, Qwen2.5's O), each
+    // lane leaves its partial sum in shared memory and the block's sum adds the 32 of a granule: a
+    // granule's dependency chain then ends at its dot products, without a five-step shuffle sum
+    // (~150 cycles), and the epilogue's add of 32 values costs less (PERF.md v24: SmolLM2 +2%).
+    // Elsewhere a warp streams many granules and the shuffles hide behind the weight stream.
+    static constexpr bool LANE_SUMS = MAXR * NSEG <= KOG_LANE_SUMS * NW;
+    static constexpr int RED = MAXR * NSEG * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
     __device__ static int row0(int b) { return (int)(((long long)b * NUNITS) / NBLK) * RU; }
 };
 using MQKV = Mv<H, NQKV, 1>;
@@ -185,7 +196,7 @@ using MLM = Mv<H, VOCAB, 1>;
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
-constexpr int MV_X = cmax(cmax(H, QD), INTER);
+constexpr int MV_X = cmax(cmax(H, QD), INTER);  // a multiple of 8: the sums after it start on 16 bytes
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
     return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
@@ -217,6 +228,22 @@ __device__ __forceinline__ int mv_ngran(int b) {
 }
 template <class M>
 __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r of the block, fixed order
+    if (M::LANE_SUMS) {
+        float s = 0.f;
+#pragma unroll
+        for (int j = 0; j < M::NSEG; ++j) {
+            const float4* p = reinterpret_cast<const float4*>(red + (r * M::NSEG + j) * LANE_STRIDE);
+            float4 a = p[0], b = p[1];  // two float4 chains of adds: four lanes' sums each
+#pragma unroll
+            for (int i = 2; i < 8; i += 2) {
+                const float4 u = p[i], v = p[i + 1];
+                a = make_float4(a.x + u.x, a.y + u.y, a.z + u.z, a.w + u.w);
+                b = make_float4(b.x + v.x, b.y + v.y, b.z + v.z, b.w + v.w);
+            }
+            s += ((a.x + b.x) + (a.y + b.y)) + ((a.z + b.z) + (a.w + b.w));
+        }
+        return s;
+    }
     float s = red[r * M::NSEG];
 #pragma unroll
     for (int j = 1; j < M::NSEG; ++j) s += red[r * M::NSEG + j];
@@ -224,8 +251,7 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-constexpr int MV_RED = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG),
-                            cmax(cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG), MLM::MAXR * MLM::NSEG));
+constexpr int MV_RED = cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED));
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land

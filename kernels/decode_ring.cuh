@@ -108,8 +108,12 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         float acc = d[0];
 #pragma unroll
         for (int i = 1; i < M::U; ++i) acc += d[i];
-        acc = kog_wave_sum(acc);
-        if (c.lane == 0) red[g] = acc;
+        if (M::LANE_SUMS) {
+            red[g * LANE_STRIDE + c.lane] = acc;
+        } else {
+            acc = kog_wave_sum(acc);
+            if (c.lane == 0) red[g] = acc;
+        }
         if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
