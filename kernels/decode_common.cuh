@@ -22,7 +22,7 @@
 #define KOG_ATT_TBR 0
 #endif
 #ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
-#define KOG_LANE_SUMS 2   // 0: every product sums its granules by shuffles)
+#define KOG_LANE_SUMS 4   // 0: every product sums its granules by shuffles)
 #endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
@@ -177,11 +177,12 @@ struct Mv {
     static constexpr bool FULL = KV % SEGW == 0;
     static constexpr int NUNITS = NROWS / RU;
     static constexpr int MAXR = (NUNITS + NBLK - 1) / NBLK * RU;
-    // Where a warp takes at most two granules (SmolLM2's four layer products, Qwen2.5's O), each
-    // lane leaves its partial sum in shared memory and the block's sum adds the 32 of a granule: a
-    // granule's dependency chain then ends at its dot products, without a five-step shuffle sum
-    // (~150 cycles), and the epilogue's add of 32 values costs less (PERF.md v24: SmolLM2 +2%).
-    // Elsewhere a warp streams many granules and the shuffles hide behind the weight stream.
+    // Where a warp takes at most four granules (SmolLM2's four layer products, QKV and O on the
+    // big shapes but Qwen3's QKV), each lane leaves its partial sum in shared memory and the
+    // block's sum adds the 32 of a granule: a granule's dependency chain then ends at its dot
+    // products, without a five-step shuffle sum (~150 cycles), and the epilogue's add of 32 values
+    // costs less (PERF.md v24, v25: SmolLM2 +2%, Llama +0.6%). Gate/up, down and the LM head
+    // stream many granules a warp, and their shuffles hide behind the weight stream.
     static constexpr bool LANE_SUMS = MAXR * NSEG <= KOG_LANE_SUMS * NW;
     static constexpr int RED = MAXR * NSEG * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
     __device__ static int row0(int b) { return (int)(((long long)b * NUNITS) / NBLK) * RU; }
