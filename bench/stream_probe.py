@@ -15,7 +15,9 @@ For each it prints the phase (last block done - last block started), the median 
 slowest block, against the bytes at the ceiling measured in the same run. Then the same phases
 through the kernel's own ring structure (per-warp slots of 2 KB granules, each granule's math
 before its slot is refilled, or the refill first; alone, and with a 13th warp chasing pointers
-meanwhile: the round trip a product's stream imposes), and last what an L2 round trip costs the
+meanwhile: the round trip a product's stream imposes), then through a pool of slots that one
+producer warp fills against a budget of bytes in flight (PERF.md session 17: one warp's 16-byte
+copies cannot feed a block), and last what an L2 round trip costs the
 critical path while the grid streams: one lane per block chases pointers through an L2-resident
 ring while the block's other warps keep 11-132 KB in flight, in every block or in every other
 block only (is the wait in the block's own memory pipeline, or shared in L2?).
