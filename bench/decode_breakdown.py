@@ -66,8 +66,8 @@ VARIANTS = {
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)
-    "lane-sums-2": {"KOG_LANE_SUMS": "2"},
-    "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # per-lane sums in products of up to 4 granules per warp
+    "lane-sums-2": {"KOG_LANE_SUMS": "2"},  # per-lane sums only in products of up to 2 granules per warp (v24)
+    "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # ... of up to 4 (v25, the default)
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

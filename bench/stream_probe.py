@@ -72,28 +72,41 @@ __device__ void chase_while(const volatile int* done, const unsigned* chase, u64
     }
     lat[blockIdx.x] = (now() - t0) / (n ? n : 1) + (i == 0xffffffffu);
 }
-// A granule's math as mv_run's: bf16 -> fp32 dot products against inputs in registers, a
-// five-step shuffle sum.
-__device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const float4 (&xa)[4], const float4 (&xb)[4]) {
+// A granule's inputs (any finite values), in registers as mv_run's.
+struct GranuleInputs {
+    float4 a[4], b[4];
+    __device__ explicit GranuleInputs(int lane) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = make_float4(lane, i, 1.f, 2.f), b[i] = make_float4(i, lane, 3.f, 4.f);
+    }
+};
+// A granule's math as mv_run's: bf16 -> fp32 dot products against the inputs, a five-step shuffle sum.
+__device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const GranuleInputs& x) {
     float acc = 0.f;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const uint4 w = wv[i];
-        float s0 = __uint_as_float(w.x << 16) * xa[i].x, t0 = __uint_as_float(w.z << 16) * xb[i].x;
-        s0 = fmaf(__uint_as_float(w.x & 0xffff0000u), xa[i].y, s0), t0 = fmaf(__uint_as_float(w.z & 0xffff0000u), xb[i].y, t0);
-        s0 = fmaf(__uint_as_float(w.y << 16), xa[i].z, s0), t0 = fmaf(__uint_as_float(w.w << 16), xb[i].z, t0);
-        s0 = fmaf(__uint_as_float(w.y & 0xffff0000u), xa[i].w, s0), t0 = fmaf(__uint_as_float(w.w & 0xffff0000u), xb[i].w, t0);
+        const float4 xa = x.a[i], xb = x.b[i];
+        float s0 = __uint_as_float(w.x << 16) * xa.x, t0 = __uint_as_float(w.z << 16) * xb.x;
+        s0 = fmaf(__uint_as_float(w.x & 0xffff0000u), xa.y, s0), t0 = fmaf(__uint_as_float(w.z & 0xffff0000u), xb.y, t0);
+        s0 = fmaf(__uint_as_float(w.y << 16), xa.z, s0), t0 = fmaf(__uint_as_float(w.w << 16), xb.z, t0);
+        s0 = fmaf(__uint_as_float(w.y & 0xffff0000u), xa.w, s0), t0 = fmaf(__uint_as_float(w.w & 0xffff0000u), xb.w, t0);
         acc += s0 + t0;
     }
 #pragma unroll
     for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
     return acc;
 }
-
-// The granule math's inputs (any finite values).
-__device__ __forceinline__ void granule_inputs(int lane, float4 (&xa)[4], float4 (&xb)[4]) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) xa[i] = make_float4(lane, i, 1.f, 2.f), xb[i] = make_float4(i, lane, 3.f, 4.f);
+// Phases 0 .. reps - 1 of the block's `workers` threads: they meet, phase(rep, the block's share of
+// that phase's region) runs, and its start and end are recorded.
+template <class Phase>
+__device__ void each_phase(const uint4* src, long long per_block, long long region, int reps, unsigned* counter, u64* out,
+                           int workers, Phase phase) {
+    for (int rep = 0; rep < reps; ++rep) {
+        const u64 t0 = meet(counter, rep, workers);
+        phase(rep, src + (long long)rep * region + (long long)blockIdx.x * per_block);
+        record(out, rep, t0, workers);
+    }
 }
 // One 16-byte copy into shared memory, with the ring's L2 policy.
 __device__ __forceinline__ void copy16(const void* dst, const uint4* src, u64 policy) {
@@ -137,18 +150,15 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
     extern __shared__ __align__(16) uint4 ring_smem[];
     __shared__ volatile float red[4096];  // the math's results: kept, so the math is too
     __shared__ volatile int done;
-    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = NWC * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = NWC * 32;
     if (threadIdx.x == 0) done = 0;
     __syncthreads();
     if (warp >= NWC) return chase_while(&done, chase, lat);
     uint4* ring = ring_smem + warp * RING * SLOT;
     const int ngran = (int)(per_block / SLOT);
     const u64 policy = evict_first();
-    float4 xa[4], xb[4];
-    granule_inputs(lane, xa, xb);
-    for (int rep = 0; rep < reps; ++rep) {
-        const u64 t0 = meet(counter, rep, workers);
-        const uint4* base = src + (long long)rep * region + (long long)b * per_block;
+    const GranuleInputs x(lane);
+    each_phase(src, per_block, region, reps, counter, out, workers, [&](int, const uint4* base) {
         int issued = warp, head = 0, tail = 0;
         auto refill = [&]() {
             if (issued < ngran) {
@@ -170,12 +180,11 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
             ++tail;
             if (early) refill();
             float acc = __uint_as_float(wv[0].x ^ wv[3].w);
-            if (math) acc = granule_math(wv, xa, xb);  // a branch: `math ? ... : ...` computed it always
+            if (math) acc = granule_math(wv, x);  // a branch: `math ? ... : ...` computed it always
             if (lane == 0) red[g & 4095] = acc;
             if (!early) refill();
         }
-        record(out, rep, t0, workers);
-    }
+    });
     if (threadIdx.x == 0) done = 1;
 }
 extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, int math, int early, long long region,
@@ -229,7 +238,7 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
     __shared__ volatile float red[4096];
     __shared__ volatile int done;
     __shared__ __align__(8) u64 full[NSLOT], empty[NSLOT];
-    const int b = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + 1) * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + 1) * 32;
     if (threadIdx.x == 0) {
         done = 0;
         for (int s = 0; s < NSLOT; ++s) {
@@ -242,11 +251,8 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
     if (warp > NWC) return chase_while(&done, chase, lat);
     const int ngran = (int)(per_block / SLOT);
     const u64 policy = evict_first();
-    float4 xa[4], xb[4];
-    granule_inputs(lane, xa, xb);
-    for (int rep = 0; rep < reps; ++rep) {
-        const u64 t0 = meet(counter, rep, workers);
-        const uint4* base = src + (long long)rep * region + (long long)b * per_block;
+    const GranuleInputs x(lane);
+    each_phase(src, per_block, region, reps, counter, out, workers, [&](int rep, const uint4* base) {
         const long long k0 = (long long)rep * ngran;
         if (warp == NWC) {  // the producer
             long long landed = k0;  // the oldest granule not yet seen landed
@@ -287,12 +293,11 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
                 for (int i = 0; i < 4; ++i) wv[i] = pool[s * SLOT + i * 32 + lane];
                 __syncwarp();
                 if (lane == 0) mbar_arrive(empty + s);
-                const float acc = granule_math(wv, xa, xb);
+                const float acc = granule_math(wv, x);
                 if (lane == 0) red[g & 4095] = acc;
             }
         }
-        record(out, rep, t0, workers);
-    }
+    });
     if (threadIdx.x == 0) done = 1;
 }
 #define BUDGET(G) extern "C" __global__ void budget_phase_##G(const uint4* src, long long per_block, int budget, \
