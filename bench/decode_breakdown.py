@@ -25,7 +25,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
   product of that layer, when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
-  before its refill is issued or held); and the weight stream's demand while that layer runs (the
+  before its refill is issued or held; when the refills held back for the product were issued,
+  before its inputs are loaded); and the weight stream's demand while that layer runs (the
   bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
@@ -180,7 +181,7 @@ def attention_units(be, t, layers: int) -> None:
 
 # kernels/decode.cu trace_mv stamps per warp of each product of the middle layer
 MV_STAMPS = ("refills released, inputs loaded", "first granule landed", "granules done", "block's sums in",
-             "results stored", "last granule landed", "last granule's math done")
+             "results stored", "last granule landed", "last granule's math done", "held refills issued")
 MV_NAMES = ("qkv", "o", "gate/up", "down")
 
 

@@ -74,6 +74,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     const int ngran = mv_ngran<M>(c.b);
     trace_mv(c, MAT, 0);
     ring_release(c);  // the input is staged: refill now
+    trace_mv(c, MAT, 8);
     float4 xa[M::U], xb[M::U];
     if (X_IN_REGS) {
         const int seg = c.warp % M::NSEG;

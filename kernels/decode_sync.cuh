@@ -22,8 +22,8 @@ __device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
 #ifdef KOG_TRACE
 // stamps per warp per product of the middle layer, k: 0 entered, 1 refills issued and inputs loaded,
 // 2 first granule landed, 3 granules done, 4 block's sums in, 5 results stored, 6 last granule
-// landed, 7 its math done (bench/decode_breakdown.py MV_STAMPS names 1-7)
-constexpr int TRACE_MV = 8;
+// landed, 7 its math done, 8 held refills issued (bench/decode_breakdown.py MV_STAMPS names 1-8)
+constexpr int TRACE_MV = 9;
 __device__ kog_u64 kog_trace_mv[4 * NBLK * NW * TRACE_MV];
 #endif
 // lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the middle layer of the traced step
