@@ -274,8 +274,8 @@ constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 
 // still runs a layer ahead, and each hop's L2 round trips, which queue behind the weights in
 // flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
 constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
-constexpr bool LAYER_IN_3 = 2 * LSTRIDE / NBLK <= NW * 3 * SLOT * 16;
-constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_IN_3 ? 3 : 1536 / NTHR;
+constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
+constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT * 16 ? 3 : 1536 / NTHR;
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
@@ -301,7 +301,7 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
 // always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
 // every phase's do: a refill issued early there gains nothing and delays the next input.
-constexpr bool LAYER_IN_RING = 2 * LSTRIDE / NBLK <= RING_BYTES;
+constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
