@@ -64,11 +64,16 @@ VARIANTS = {
     "nthr-512": {"KOG_NTHR": "512"},
     "att-tbr-1": {"KOG_ATT_TBR": "1"},  # attention tiles per round (units per kv head follow)
     "att-tbr-2": {"KOG_ATT_TBR": "2"},
+    "att-rmax-0": {"KOG_ATT_RMAX": "0"},  # every attention unit takes all query heads of its kv head
+    "att-rmax-1": {"KOG_ATT_RMAX": "1"},  # query heads split over blocks where units take one round of tiles
+    "att-rmax-2": {"KOG_ATT_RMAX": "2"},  # ... at most two rounds
+    "att-rmax-3": {"KOG_ATT_RMAX": "3"},  # ... at most three rounds
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)
     "lane-sums-2": {"KOG_LANE_SUMS": "2"},  # per-lane sums only in products of up to 2 granules per warp (v24)
     "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # ... of up to 4 (v25, the default)
+    "lane-sums-12": {"KOG_LANE_SUMS": "12"},  # ... of up to 12 (down on every big shape)
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -137,6 +142,11 @@ def trace(be, prompt, layers: int) -> None:
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
+    layer0_done, last_done = t[8].max(), t[first - 1].max()  # layer 0 has no 'qkv ready' (events 1-8)
+    print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
+          f"layers 1-{layers - 1} {(last_done - layer0_done) / 1e3:.1f} us; last down done -> lm head ready "
+          f"{(t[first].max() - last_done) / 1e3:.2f} us")
+    print("    each layer, 'qkv ready' -> 'down done' (us): " + " ".join(f"{(e[-1].max() - e[0].max()) / 1e3:.1f}" for e in per_layer))
     lm = (t[first + 1] - t[first]) / 1e3  # per block, ready -> done
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")

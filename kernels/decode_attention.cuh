@@ -3,13 +3,14 @@
 #pragma once
 
 // ---- attention ---------------------------------------------------------------------------
-// A block-unit is one kv head over a run of 32-position tiles. Inside it, warp w takes query
-// head w % G of the group and tile w / G of each round, so a tile's K/V rows are loaded into
-// shared memory once for the G heads that read them; the old tiles' loads are issued before
-// waiting for this token's q/k/v (they do not depend on it). Each warp keeps an online
-// softmax state; the warps of a head merge in shared memory, and when a kv head spans several
-// blocks the other units publish their partial (acc, max, sum) records as tagged words, which
-// the kv head's first unit merges with its own (no counter, no fence: one round trip).
+// A block-unit is one kv head (or a group of its query heads, att_unit_of) over a run of
+// 32-position tiles. Inside it, warp w takes query head w % gh of the unit's gh and tile w / gh of
+// each round, so a tile's K/V rows are loaded into shared memory once for the heads that read
+// them; the old tiles' loads are issued before waiting for this token's q/k/v (they do not
+// depend on it). Each warp keeps an online softmax state; the warps of a head merge in shared
+// memory, and when a head's tiles span several blocks the other units publish their partial
+// (acc, max, sum) records as tagged words, which the first unit merges with its own (no
+// counter, no fence: one round trip).
 // With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
 // before its QKV input is polled, so that it lands during that hop and the QKV product instead
 // of delaying the q/k/v gather.
@@ -20,16 +21,30 @@ __device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
     return (ntile + tpu - 1) / tpu;   // no empty unit
 }
 
-struct AttUnit {  // a block's attention unit for one token: kv head g, unit bc of nbc, tiles [t0, t1)
-    int g, bc, nbc, t0, t1;
+struct AttUnit {  // a block's attention unit for one token: kv head g, its query heads h0 .. h0 + gh - 1, unit bc of nbc, tiles [t0, t1)
+    int g, h0, gh, bc, nbc, t0, t1;
 };
-// Block b's unit when the token sits at position pos; false where the block has none.
+// Block b's unit when the token sits at position pos; false where the block has none. While the
+// context is short (ATT_RMAX), a kv head's query heads are split over several blocks, the most
+// groups whose units take at most ATT_RMAX rounds of tiles and fit the grid: each block then
+// runs fewer (head, tile) pairs, and its units need no merge where one unit covers every tile.
 __device__ __forceinline__ bool att_unit_of(int b, int pos, AttUnit& a) {
     const int ntile = (pos + 32) / 32;
-    int tpu;
-    a.nbc = att_units_per_head(ntile, tpu);
-    if (b >= NKV * a.nbc) return false;
-    a.g = b / a.nbc, a.bc = b - a.g * a.nbc;
+    int groups = 1, tpu = 0;
+    if (ATT_RMAX > 0) {
+        const int want = ((ntile + TBR - 1) / TBR + ATT_RMAX - 1) / ATT_RMAX;  // units per (kv head, group)
+#pragma unroll
+        for (int h = G; h > 1; --h)
+            if (groups == 1 && G % h == 0 && NKV * h * want <= NBLK) groups = h;
+        if (groups > 1) tpu = (ntile + want - 1) / want, a.nbc = (ntile + tpu - 1) / tpu;
+    }
+    if (groups == 1) a.nbc = att_units_per_head(ntile, tpu);
+    const int per_g = groups * a.nbc;
+    if (b >= NKV * per_g) return false;
+    a.g = b / per_g;
+    const int r = b - a.g * per_g, hg = groups > 1 ? r / a.nbc : 0;
+    a.bc = r - hg * a.nbc;
+    a.gh = G / groups, a.h0 = hg * a.gh;
     a.t0 = a.bc * tpu, a.t1 = min(ntile, a.t0 + tpu);
     return true;
 }
@@ -107,8 +122,8 @@ __device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, i
     return ok;
 }
 
-// The first unit of a kv head, warp h < G: its own head-h state (o unnormalised, max M, sum L)
-// merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
+// The first unit of a kv head (or head group), warp h < gh: its own head's state (o unnormalised,
+// max M, sum L) merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
 // a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the
 // maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
 // that one or two records already published cost one or two round trips; more go through the
@@ -167,13 +182,14 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const int L = pos + 1;
     AttUnit a;
     if (!att_unit_of(c.b, pos, a)) return true;  // block-uniform: this block has no unit
-    const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1;
+    const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0;
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
+    const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head appends this token's k and v to the cache
     const int lane = c.lane, warp = c.warp;
-    const int hq = warp % G, kslot = warp / G;  // this warp's query head and tile slot
+    const int hq = warp % gh, kslot = warp / gh;  // this warp's query head (of the unit's gh) and tile slot
     trace_att(c, l, u, 0);
 
-    float* qs = c.sm;          // [G][D] roped queries
+    float* qs = c.sm;          // [gh][D] roped queries
     float* ks = qs + G * D;    // [D] this token's k (roped), v
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
@@ -185,8 +201,8 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     // this token's q/k/v, straight from the tagged words the QKV phase wrote
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
     bool ok = true;
-    if (warp < G || (has_new && warp < G + 2)) {  // warp h < G: query head h; G: k; G + 1: v
-        const int row0 = warp < G ? q0 + warp * D : (warp == G ? k0 : v0);
+    if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
+        const int row0 = warp < gh ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
         float v[DL], co[DL / 2], si[DL / 2];
         ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
         trace_att(c, l, u, 1);
@@ -194,15 +210,15 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         for (int i = 0; i < DL / 2; ++i)
             co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
             si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
-        if (warp == G + 1) {
+        if (warp == gh + 1) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) {
                 vs[lane + 32 * i] = v[i];
-                vbase[(long long)pos * D + lane + 32 * i] = v[i];
+                if (writes_kv) vbase[(long long)pos * D + lane + 32 * i] = v[i];
             }
         } else {
 #if KOG_QK_NORM
-            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < G ? S_QNORM : S_KNORM);
+            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
             float ss = 0.f;
 #pragma unroll
             for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
@@ -211,7 +227,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
 #endif
-            float* out = warp < G ? qs + warp * D : ks;
+            float* out = warp < gh ? qs + warp * D : ks;
 #pragma unroll
             for (int i = 0; i < DL / 2; ++i) {
                 const int d = lane + 32 * i;
@@ -219,7 +235,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                 out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
                 out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
             }
-            if (warp == G) {
+            if (warp == gh && writes_kv) {
                 kog_wave_sync();
 #pragma unroll
                 for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
@@ -306,10 +322,11 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
     if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
     __syncthreads();
-    constexpr int SLOTS = NW / G;  // warps per head
-    if (warp < G) {
-        const float mw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D] : -KOG_INF;
-        const float lw = lane < SLOTS ? rec[(lane * G + warp) * (D + 2) + D + 1] : 0.f;
+    // the warps of a head with a tile slot (slots past TBR took no tile)
+    constexpr int SLOTS = ATT_RMAX > 0 ? TBR : NW / G;
+    if (warp < gh) {
+        const float mw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
+        const float lw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
         const float M = kog_wave_max(mw);
         const float wc = lane < SLOTS && mw > -KOG_INF ? expf(mw - M) : 0.f;
         const float Ls = kog_wave_sum(wc * lw);
@@ -320,9 +337,9 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         for (int j = 0; j < SLOTS; ++j) {
             const float w = kog_shfl(wc, j);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * G + warp) * (D + 2) + lane + 32 * i], o[i]);
+            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
-        kog_u64* pr = P->part + ((long long)(g * MAXCH + bc) * G + warp) * (D + 2);
+        kog_u64* pr = P->part + ((long long)(g * MAXCH + bc) * G + h0 + warp) * (D + 2);
         if (bc != 0) {  // a later unit of the kv head: its record, for the first unit to merge
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(pr + lane + 32 * i, o[i], epoch_qkv + 1);
@@ -336,7 +353,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                                        reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + warp * MERGE_CH * D);
             }
 #pragma unroll
-            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);
+            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + h0 + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);
         }
     }
     trace_att(c, l, u, 5);

@@ -24,6 +24,9 @@
 #ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
 #define KOG_LANE_SUMS 4   // 0: every product sums its granules by shuffles)
 #endif
+#ifndef KOG_ATT_RMAX  // timing experiments: ATT_RMAX below forced to this (-1: by shape)
+#define KOG_ATT_RMAX -1
+#endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
@@ -71,6 +74,12 @@ constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
+// Rounds of tiles an attention unit takes at most where a kv head's query heads are split over
+// several blocks (att_unit_of; 0: never split). A block's tile math grows with the (head, tile)
+// pairs it runs, each G x D wide: Qwen2.5's 6 x 128 took 2.2 us a round against SmolLM2's 3 x 64
+// 1.3 us, and splitting its heads gained +0.9%, where SmolLM2 lost 4% and Llama (4 x 64) moved
+// +0.3% (PERF.md session 18). So only where G x D reaches 512.
+constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : G * D >= 512 ? 1 : 0;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
