@@ -84,14 +84,16 @@ def _cupy():
     return cupy
 
 
-def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir: Path = KERNEL_DIR) -> Path:
-    """NVRTC-compile <kernel_dir>/<source> for `arch` (e.g. '90'); the binary is cached on disk."""
+def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir: Path = KERNEL_DIR,
+                    options: tuple[str, ...] = ()) -> Path:
+    """NVRTC-compile <kernel_dir>/<source> for `arch` (e.g. '90') with extra NVRTC `options`; the
+    binary is cached on disk."""
     from cupy_backends.cuda.libs import nvrtc
 
     src = (kernel_dir / source).read_text()
     headers = [p.read_text() for p in sorted(kernel_dir.glob("*.cuh"))]  # what the source may include
     opts = [f"-arch=sm_{arch}", "-std=c++17", f"--include-path={kernel_dir}"]
-    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())]
+    opts += [f"-D{k}={v}" for k, v in sorted(defines.items())] + list(options)
     key = hashlib.sha256("\0".join([src, *headers, *opts, repr(nvrtc.getVersion())]).encode()).hexdigest()[:24]
     folder = cache_dir() / "kernels"
     path = folder / f"{Path(source).stem}-sm{arch}-{key}.cubin"
@@ -126,12 +128,14 @@ class CudaBackend(Backend):
     kv_bytes = 4  # fp32 cache: exact agreement with the reference first; bf16 is a later option
 
     def __init__(self, model, max_context: int, *, defines: dict[str, str] | None = None,
-                 kernel_dir: Path | None = None):
-        """`defines` (extra kernel macros) and `kernel_dir` (another version of kernels/, whose
-        parameter block matches this file's): for timing experiments (bench/decode_breakdown.py) only."""
+                 kernel_dir: Path | None = None, nvrtc_options: tuple[str, ...] = ()):
+        """`defines` (extra kernel macros), `kernel_dir` (another version of kernels/, whose
+        parameter block matches this file's) and `nvrtc_options` (extra options for the decode
+        kernel, such as -lineinfo for a profiler): for experiments (bench/) only."""
         super().__init__(model.config, max_context)
         self._extra_defines = dict(defines or {})
         self._kernel_dir = kernel_dir or KERNEL_DIR
+        self._nvrtc_options = tuple(nvrtc_options)
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -191,14 +195,14 @@ class CudaBackend(Backend):
 
     def _load_modules(self) -> None:
         cp = self.cp
-        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir)
+        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
         pre = compile_kernels("prefill.cu", {}, self.arch)
         try:
             self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
             self.k_decode = self.mod.get_function("kog_decode")
         except Exception as e:  # a stale or broken cache entry: rebuild once
             dec.unlink(missing_ok=True)
-            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir)
+            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
             try:
                 self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
                 self.k_decode = self.mod.get_function("kog_decode")
