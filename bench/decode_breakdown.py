@@ -8,7 +8,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
-  (0: every granule summed by shuffles);
+  (0: every granule summed by shuffles); KOG_ATT_RMAX=n splits a kv head's query heads over blocks
+  where the attention units then take at most n rounds of tiles (0: never; by shape by default);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;

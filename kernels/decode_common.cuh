@@ -75,14 +75,14 @@ constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
 // Rounds of tiles an attention unit takes at most where a kv head's query heads are split over
-// several blocks (att_unit_of; 0: never split). A block's tile math grows with the (head, tile)
-// pairs it runs, each G x D wide: Qwen2.5's 6 x 128 took 2.2 us a round against SmolLM2's 3 x 64
-// 1.3 us, and splitting its heads gained +0.9%, where SmolLM2 lost 4% and Llama (4 x 64) moved
-// +0.3% (PERF.md session 18). So only where G x D reaches 512.
+// several blocks (att_unit_of; 0: never split). A block's tile math grows with the (query head,
+// tile) pairs it runs and with D: Qwen2.5 (G = 6, D = 128) took 2.2 us a round with 12 pairs and
+// 1.5 with 6, SmolLM2 (3, 64) 1.3 us with 9. Splitting Qwen2.5's heads gained +0.9%, where SmolLM2
+// lost 4% and Llama (4, 64) moved +0.3% (PERF.md session 18): so only where G x D reaches 512.
 constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : G * D >= 512 ? 1 : 0;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
-static_assert(G + 2 <= NW && TBR >= 1, "a block holds one kv head's query heads, k and v");
+static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
 // Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
 // the next round's tiles while it computes this one's (long contexts: PERF.md v16).
 constexpr int ATT_BUDGET2 = 30000;  // floats (117 KB)
