@@ -32,7 +32,8 @@ __device__ __forceinline__ bool att_unit_of(int b, int pos, AttUnit& a) {
     const int ntile = (pos + 32) / 32;
     int groups = 1, tpu = 0;
     if (ATT_RMAX > 0) {
-        const int want = ((ntile + TBR - 1) / TBR + ATT_RMAX - 1) / ATT_RMAX;  // units per (kv head, group)
+        constexpr int RMAX = cmax(ATT_RMAX, 1);  // (ATT_RMAX > 0 here: no division by zero in dead code)
+        const int want = ((ntile + TBR - 1) / TBR + RMAX - 1) / RMAX;  // units per (kv head, group)
 #pragma unroll
         for (int h = G; h > 1; --h)
             if (groups == 1 && G % h == 0 && NKV * h * want <= NBLK) groups = h;
@@ -189,7 +190,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const int hq = warp % gh, kslot = warp / gh;  // this warp's query head (of the unit's gh) and tile slot
     trace_att(c, l, u, 0);
 
-    float* qs = c.sm;          // [gh][D] roped queries
+    float* qs = c.sm;          // [gh][D] roped queries (room for G)
     float* ks = qs + G * D;    // [D] this token's k (roped), v
     float* vs = ks + D;
     float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)

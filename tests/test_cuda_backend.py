@@ -388,6 +388,22 @@ def test_long_context_to_the_window_end(model):
     gpu.close()
 
 
+def test_attention_plan_switches(model):
+    """Decode across contexts where the attention's plan changes. On Qwen2.5 a kv head's query
+    heads are split over 6, then 3, then 2 blocks (ATT_RMAX in decode_common.cuh), switching at
+    positions 704, 1408 and 2112, then v25's plan; on every shape the units per kv head grow there.
+    Greedy tokens against transformers on each side of each switch."""
+    gpu = CudaBackend(model["lm"], 2200)
+    for n in (690, 1395, 2100):
+        prompt = random_prompt(model["lm"].config.vocab_size, n, model["rng"])
+        _fresh(gpu, prompt)
+        toks = list(gpu.decode(GREEDY, prompt, 24, set()))
+        assert gpu.last_status["error"] == 0 and len(toks) == 24
+        ref = _hf_logits(model["hf"], prompt + toks, n - 1)[:-1]
+        _check_against(toks, ref, f"transformers after a {n}-token prompt")
+    gpu.close()
+
+
 def _round_to_bf16(w: np.ndarray) -> np.ndarray:
     """fp32 -> bf16 -> fp32, round to nearest even: the numbers the GPU holds."""
     bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
