@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.random_models import build_hf, loaded_model, random_prompt
+from bench.random_models import gpu_timing_model, random_prompt
 
 VARIANTS = {
     "full": {},
@@ -317,13 +317,8 @@ def main() -> None:
     for label in labels + ([args.trace] if args.trace != "none" else []):
         if problem := check_label(label, versions):
             ap.error(problem)
-    import torch
-
     for name in args.models.split(","):
-        hf = build_hf(name, 7, device="cuda")
-        lm = loaded_model(hf, name)
-        del hf
-        torch.cuda.empty_cache()
+        lm = gpu_timing_model(name)
         prompt = random_prompt(lm.config.vocab_size, args.context, np.random.default_rng(7))
         line = []
         if args.trace != "none":

@@ -71,5 +71,17 @@ def loaded_model(hf_model, name: str):
     return LoadedModel(name=name, config=config, weights=weights, tokenizer=None, source=f"random:{name}")
 
 
+def gpu_timing_model(name: str, seed: int = 7):
+    """The engine's LoadedModel of shape `name` built on the GPU for timing runs, with the
+    transformers copy freed again (bench/decode_breakdown.py, bench/ncu_source.py)."""
+    import torch
+
+    hf = build_hf(name, seed, device="cuda")
+    lm = loaded_model(hf, name)
+    del hf
+    torch.cuda.empty_cache()
+    return lm
+
+
 def random_prompt(vocab: int, n: int, rng: np.random.Generator) -> list[int]:
     return [int(t) for t in rng.integers(0, vocab, size=n)]

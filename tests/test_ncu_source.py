@@ -16,7 +16,7 @@ def write_export(path, files):
     with open(path, "w", newline="") as f:
         w = csv.writer(f, quoting=csv.QUOTE_ALL)
         for name, rows in files:
-            w.writerow(["File Path", f"/work/main/{name}"])
+            w.writerow(["File Path", f"/src/kog/{name}"])  # ncu writes the absolute path it profiled from
             w.writerow(["Function Name", "kog_decode"])
             w.writerow(HEADER)
             for row in rows:
