@@ -10,6 +10,11 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
   (0: every granule summed by shuffles); KOG_ATT_RMAX=n splits a kv head's query heads over blocks
   where the attention units then take at most n rounds of tiles (0: never; by shape by default);
+  KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
+  KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
+  KOG_STASH_ATT=0|1|2 stashes in blocks with attention work never, after it, or after their O rows,
+  KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
+  KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps;
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;
@@ -75,6 +80,21 @@ VARIANTS = {
     "lane-sums-2": {"KOG_LANE_SUMS": "2"},  # per-lane sums only in products of up to 2 granules per warp (v24)
     "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # ... of up to 4 (v25, the default)
     "lane-sums-12": {"KOG_LANE_SUMS": "12"},  # ... of up to 12 (down on every big shape)
+    "stash-0": {"KOG_STASH": "0"},  # no gate/up granules stashed inside the attention's gap
+    "stash-1": {"KOG_STASH": "1"},  # one per warp (24 KB a block)
+    "stash-2": {"KOG_STASH": "2"},
+    "stash-3": {"KOG_STASH": "3"},
+    "stash-4": {"KOG_STASH": "4"},  # (with ring-3: 96 KB of stash beside a 72 KB ring)
+    "stash-pace-2": {"KOG_STASH_PACE": "2"},  # a paced stashing warp keeps two granules in flight
+    "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three (unpaced where the stash is three)
+    "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing
+    "stash-att-1": {"KOG_STASH_ATT": "1"},  # ... stash gate/up right after the attention
+    "stash-att-2": {"KOG_STASH_ATT": "2"},  # ... after their O rows (the default)
+    "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
+    "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
+    "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
+    "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
+    "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

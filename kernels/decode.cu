@@ -86,6 +86,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         // --- attention (reads only its own kv head's q/k/v)
         const bool att_ok = attention(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
+        AttUnit unit;
+        const bool att_work = att_unit_of(b, pos, unit);
+        if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
@@ -98,6 +101,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             add_to_residual<MO>(c, red, xown);
             trace_mv(c, MAT_O, 5);
         }
+        if (STASH && att_work && STASH_ATT == 2) stash_fill<MAT_GU>(c, false);
         end_phase(c);
         // --- gate/up + SiLU
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM)) return false;
@@ -117,6 +121,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         }
         if (ACT_TAGGED) end_phase(c);
         else arrive(c);
+        if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         if (ACT_TAGGED) {
             if (!stage_copy<INTER>(c, xs, P->act, c.epoch)) return false;

@@ -27,6 +27,21 @@
 #ifndef KOG_ATT_RMAX  // timing experiments: ATT_RMAX below forced to this (-1: by shape)
 #define KOG_ATT_RMAX -1
 #endif
+#ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
+#define KOG_STASH -1
+#endif
+#ifndef KOG_STASH_ATT  // timing experiments: where a block that ran the attention stashes gate/up (STASH_ATT below)
+#define KOG_STASH_ATT 2
+#endif
+#ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below)
+#define KOG_STASH_DN 2
+#endif
+#ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps (-1: by shape)
+#define KOG_STASH_XS -1
+#endif
+#ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
+#define KOG_STASH_PACE 1
+#endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
@@ -276,7 +291,6 @@ constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // variables had left it): the kernel declares the dynamic region SMEM_ALIGN-aligned (the
 // compiler pads the static part), and the ring after the region starts aligned too.
 constexpr int SMEM_ALIGN = 1024;  // bytes
-constexpr int SM_FLOATS = (cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE) + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 // the weight ring lives beside that region (aligned like it): it streams across every phase.
 // Granules in flight per warp: 96 KB per block, which the big shapes' products need to keep HBM
 // busy. Where a block's share of a whole layer fits in three per warp (SmolLM2), three: the ring
@@ -286,9 +300,35 @@ constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4
 constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
 constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT * 16 ? 3 : 1536 / NTHR;
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
+constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
+// The stash (decode_ring.cuh stash_fill): STASH more granules per warp of gate/up, issued once a
+// block's attention work is done, and of down (STASH_DN), issued once gate/up is done, into shared
+// memory past the products' inputs and sums (the K/V tiles' place: the next layer's first tiles
+// land there after down). Where a block's share of a layer fits the ring (SmolLM2) the ring
+// already runs a layer ahead: no stash. STASH_ATT: a block with attention work stashes gate/up 0
+// never, 1 after the attention, 2 after its O rows; STASH_DN: 0 no down stash, 1 at once, 2 paced.
+constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : 3;
+constexpr int STASH_ATT = KOG_STASH_ATT;
+constexpr int STASH_DN = KOG_STASH_DN;
+constexpr int STASH_PACE = KOG_STASH_PACE;
+// While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
+// input region, up to MV_X (sized for down's input): where they hold a 2 KB slot for every warp,
+// gate/up's stash may take one granule more per warp there (STASH_XS). Measured (PERF.md session
+// 19): Llama +0.6%, Qwen2.5 -0.7% (whose gaps fit too); G x D < 512 tells the two apart, a
+// measured split like ATT_RMAX's, not an understood one.
+constexpr int XS_SLOT_F = SLOT * 4;  // floats of a slot
+constexpr int XS_GAP0 = (cmax(H, QD) / 2 + XS_SLOT_F - 1) / XS_SLOT_F * XS_SLOT_F;  // first free float of the first half
+constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the first half's gap
+constexpr int XS_GAP_B = (MV_X - XHALF - XS_GAP0) / XS_SLOT_F;  // ... the second half's
+constexpr int STASH_XS = STASH && (KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512 && XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW)) ? 1 : 0;
+static_assert(!STASH_XS || (XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW), "a stash slot per warp in the input region's gaps");
+constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
+                        / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
+static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
 static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
 
 // The weight ring's state (the ring itself: decode_ring.cuh).
@@ -310,7 +350,6 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
 // always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
 // every phase's do: a refill issued early there gains nothing and delays the next input.
-constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
@@ -331,6 +370,8 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned held;        // refills owed (HOLD)
     unsigned groups;      // cp.async commit groups so far (this thread's)
     unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
+    int stash_g0, stash_n;  // STASH: gate/up granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
+    unsigned stash_group;   // groups right after the stash's last was committed
 #ifdef KOG_TRACE
     unsigned traced;       // refills recorded by trace_ring
 #endif

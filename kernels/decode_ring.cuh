@@ -23,11 +23,12 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
     s.g = warp;
 }
 
-// Issue the warp's next granule into the slot freed last (one commit group per granule).
-__device__ __forceinline__ void ring_issue(Ctx& c) {
+// Issue the warp's next granule of the stream into `slot` (one commit group per granule).
+// pad: a partial granule's unused columns get zeros (the stash's slots hold stale floats there,
+// the ring's only weights: ring_start).
+__device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = false) {
     Stream& s = c.st;
     while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // ends: every warp has LM head granules
-    uint4* slot = c.ring + (s.head % RING) * SLOT;
     const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
@@ -37,11 +38,45 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
         if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv) {
             if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
+        } else if (pad) {
+            slot[i * KOG_WAVE + c.lane] = make_uint4(0u, 0u, 0u, 0u);
         }
     commit_group(c);
     trace_ring(c, min(KOG_WAVE * s.src.u, s.src.kv - seg * KOG_WAVE * s.src.u), s.mat, s.layer);
-    ++s.head;
     s.g += NW;
+}
+
+// Issue the warp's next granule into the ring slot freed last.
+__device__ __forceinline__ void ring_issue(Ctx& c) {
+    stream_next(c, c.ring + (c.st.head % RING) * SLOT);
+    ++c.st.head;
+}
+
+// STASH: where HBM would idle until the next big product (the attention and its hops before
+// gate/up, ~8 us a layer on the big shapes; gate/up's last blocks and the act hop before down,
+// ~3.5 us: PERF.md sessions 14, 19), each warp issues its next STASH granules of that product
+// (past those already in its ring) into its stash slots. Weights in flight lengthen every L2
+// round trip of the chain meanwhile (session 16: ~0.2 us at 22 KB a block, ~0.5 at 44 KB, ~1.4 at
+// the ring's 96 KB), so a `paced` warp keeps at most STASH_PACE of them in flight. The product
+// takes the stash in stream order (mv_run).
+__device__ __forceinline__ uint4* stash_slot(const Ctx& c, int i) {
+    if (STASH_XS && i == STASH)  // gate/up's extra granule, in a gap of the input region
+        return reinterpret_cast<uint4*>(c.sm + (c.warp < XS_GAP_A ? XS_GAP0 + c.warp * XS_SLOT_F
+                                                                  : XHALF + XS_GAP0 + (c.warp - XS_GAP_A) * XS_SLOT_F));
+    return reinterpret_cast<uint4*>(c.sm + STASH_AT) + (c.warp * STASH + i) * SLOT;
+}
+template <int MAT>
+__device__ __forceinline__ void stash_fill(Ctx& c, bool paced) {
+    Stream& s = c.st;
+    while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // the ring may have ended on a matrix's last granule
+    s.stash_g0 = s.g;
+    constexpr int N = STASH + (MAT == MAT_GU ? STASH_XS : 0);
+    s.stash_n = s.mat == MAT && s.layer == c.layer ? min(N, (s.src.ngran - s.g + NW - 1) / NW) : 0;
+    for (int i = 0; i < s.stash_n; ++i) {
+        if (paced && i >= STASH_PACE) kog_cp_async_wait_pending<STASH_PACE - 1>();
+        stream_next(c, stash_slot(c, i), true);
+    }
+    s.stash_group = s.groups;
 }
 
 __device__ void ring_start(Ctx& c) {
@@ -50,6 +85,7 @@ __device__ void ring_start(Ctx& c) {
     for (int i = c.lane; i < RING * SLOT; i += KOG_WAVE) c.ring[i] = make_uint4(0u, 0u, 0u, 0u);
     c.l2_policy = kog_l2_evict_first();
     c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0, c.st.groups = 0;
+    c.st.stash_g0 = 0, c.st.stash_n = 0, c.st.stash_group = 0;
 #ifdef KOG_TRACE
     c.st.traced = 0;
 #endif
@@ -72,7 +108,9 @@ template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QK
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
+    constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
+    if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
     ring_release(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     float4 xa[M::U], xb[M::U];
@@ -88,10 +126,12 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     }
     trace_mv(c, MAT, 1);
     for (int g = c.warp; g < ngran; g += NW) {
-        kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
+        // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
+        const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
+        if (!stashed) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NW >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
-        const uint4* slot = c.ring + (c.st.tail % RING) * SLOT;
+        const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         // the U loads first, then U independent dot products: with inputs in registers a column
         // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
@@ -116,6 +156,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
             if (c.lane == 0) red[g] = acc;
         }
         if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
+        if (stashed) continue;  // no ring slot emptied
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
@@ -124,5 +165,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) commit_group(c), ++c.st.held;
         else ring_issue(c);
     }
+    if (STASHED) c.st.stash_n = 0;
     trace_mv(c, MAT, 3);
 }
