@@ -14,7 +14,9 @@
 // acquire poll). Phase numbers only grow during a launch, so nothing is reset mid-run.
 // Weights stream through a per-warp shared-memory ring (decode_ring.cuh) that runs
 // ahead across phases: they do not depend on activations, so HBM keeps streaming into a
-// phase's wait for its input, as far as the ring reaches (~3 us of HBM time).
+// phase's wait for its input, as far as the ring reaches (~3 us of HBM time); on the big shapes
+// a stash of a few more granules per warp, issued inside the waits before gate/up and down, adds
+// ~2 us a wait.
 //
 // Matrix-vector products: each block owns a contiguous range of output rows (the tensor-
 // parallel split of a later issue is the same cut one level up); within a block, the warps

@@ -370,7 +370,7 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned held;        // refills owed (HOLD)
     unsigned groups;      // cp.async commit groups so far (this thread's)
     unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
-    int stash_g0, stash_n;  // STASH: gate/up granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
+    int stash_g0, stash_n;  // STASH: the next product's granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
     unsigned stash_group;   // groups right after the stash's last was committed
 #ifdef KOG_TRACE
     unsigned traced;       // refills recorded by trace_ring

@@ -9,9 +9,10 @@
 // phase boundaries and waits (weights do not depend on activations), so HBM keeps streaming
 // into a phase's wait for its input. A slot is refilled only when a product empties it, so
 // the ring covers ~3 us of a wait; the big shapes' attention and hops wait ~12 us per layer,
-// and weights issued inside those waits slow their round trips more than they save (PERF.md
-// session 14). Each lane copies and later reads only its own 16-byte pieces, so a slot needs
-// no barrier, only the lane's own cp.async.wait_group.
+// where the stash below adds a few more granules per warp, paced (weights issued in bulk inside
+// those waits slow their round trips more than they save: PERF.md sessions 14, 19). Each lane
+// copies and later reads only its own 16-byte pieces, so a slot needs no barrier, only the
+// lane's own cp.async.wait_group.
 
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
@@ -57,8 +58,10 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
 // ~3.5 us: PERF.md sessions 14, 19), each warp issues its next STASH granules of that product
 // (past those already in its ring) into its stash slots. Weights in flight lengthen every L2
 // round trip of the chain meanwhile (session 16: ~0.2 us at 22 KB a block, ~0.5 at 44 KB, ~1.4 at
-// the ring's 96 KB), so a `paced` warp keeps at most STASH_PACE of them in flight. The product
-// takes the stash in stream order (mv_run).
+// the ring's 96 KB), so a `paced` warp keeps at most STASH_PACE of them in flight (its wait
+// covers the ring's older refills too: groups complete in order); a block that stashes right
+// before its next step (the O hop, after the attention blocks' O rows) issues them at once. The
+// product takes the stash in stream order (mv_run).
 __device__ __forceinline__ uint4* stash_slot(const Ctx& c, int i) {
     if (STASH_XS && i == STASH)  // gate/up's extra granule, in a gap of the input region
         return reinterpret_cast<uint4*>(c.sm + (c.warp < XS_GAP_A ? XS_GAP0 + c.warp * XS_SLOT_F
