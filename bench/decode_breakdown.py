@@ -12,7 +12,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   where the attention units then take at most n rounds of tiles (0: never; by shape by default);
   KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
   KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
-  KOG_STASH_ATT=0|1|2 stashes in blocks with attention work never, after it, or after their O rows,
+  KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
+  after them paced,
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
   KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps;
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
@@ -90,6 +91,7 @@ VARIANTS = {
     "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing
     "stash-att-1": {"KOG_STASH_ATT": "1"},  # ... stash gate/up right after the attention
     "stash-att-2": {"KOG_STASH_ATT": "2"},  # ... after their O rows (the default)
+    "stash-att-3": {"KOG_STASH_ATT": "3"},  # ... after their O rows, paced
     "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
     "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)

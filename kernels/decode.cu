@@ -103,7 +103,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             add_to_residual<MO>(c, red, xown);
             trace_mv(c, MAT_O, 5);
         }
-        if (STASH && att_work && STASH_ATT == 2) stash_fill<MAT_GU>(c, false);
+        if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
         end_phase(c);
         // --- gate/up + SiLU
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM)) return false;

@@ -306,7 +306,8 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 // memory past the products' inputs and sums (the K/V tiles' place: the next layer's first tiles
 // land there after down). Where a block's share of a layer fits the ring (SmolLM2) the ring
 // already runs a layer ahead: no stash. STASH_ATT: a block with attention work stashes gate/up 0
-// never, 1 after the attention, 2 after its O rows; STASH_DN: 0 no down stash, 1 at once, 2 paced.
+// never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
+// 1 at once, 2 paced.
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : 3;
 constexpr int STASH_ATT = KOG_STASH_ATT;
