@@ -15,7 +15,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
   after them paced,
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
-  KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps;
+  KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they fit);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;

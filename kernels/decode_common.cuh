@@ -36,7 +36,7 @@
 #ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below)
 #define KOG_STASH_DN 2
 #endif
-#ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps (-1: by shape)
+#ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps, where they fit (-1: by shape)
 #define KOG_STASH_XS -1
 #endif
 #ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
@@ -308,8 +308,12 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 // already runs a layer ahead: no stash. STASH_ATT: a block with attention work stashes gate/up 0
 // never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
 // 1 at once, 2 paced.
+// Three granules per warp, or as many as fit beside the ring (grids of fewer blocks have larger
+// shares and inputs: the stash shrinks there, down to none).
+constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
-constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : 3;
+constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(3, STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT;
 constexpr int STASH_DN = KOG_STASH_DN;
 constexpr int STASH_PACE = KOG_STASH_PACE;
@@ -322,15 +326,15 @@ constexpr int XS_SLOT_F = SLOT * 4;  // floats of a slot
 constexpr int XS_GAP0 = (cmax(H, QD) / 2 + XS_SLOT_F - 1) / XS_SLOT_F * XS_SLOT_F;  // first free float of the first half
 constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the first half's gap
 constexpr int XS_GAP_B = (MV_X - XHALF - XS_GAP0) / XS_SLOT_F;  // ... the second half's
-constexpr int STASH_XS = STASH && (KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512 && XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW)) ? 1 : 0;
-static_assert(!STASH_XS || (XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW), "a stash slot per warp in the input region's gaps");
+constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
+constexpr int STASH_XS = STASH && XS_FITS && (KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512)) ? 1 : 0;
 constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
 static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
-static_assert(SMEM_BYTES <= 227 * 1024 - 2048, "shared memory per block");
+static_assert(SMEM_BYTES <= SMEM_LIMIT, "shared memory per block");
 
 // The weight ring's state (the ring itself: decode_ring.cuh).
 struct Source {  // the block's tile of one matrix
