@@ -24,12 +24,18 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
     s.g = warp;
 }
 
+// The stream on its next granule: past a matrix's last one, on the next matrix's first. Never
+// ends: every warp has LM head granules.
+__device__ __forceinline__ void stream_settle(Ctx& c) {
+    while (c.st.g >= c.st.src.ngran) next_matrix(c.st, c.P->w, c.b, c.warp);
+}
+
 // Issue the warp's next granule of the stream into `slot` (one commit group per granule).
 // pad: a partial granule's unused columns get zeros (the stash's slots hold stale floats there,
 // the ring's only weights: ring_start).
 __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = false) {
+    stream_settle(c);
     Stream& s = c.st;
-    while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // ends: every warp has LM head granules
     const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
@@ -70,8 +76,8 @@ __device__ __forceinline__ uint4* stash_slot(const Ctx& c, int i) {
 }
 template <int MAT>
 __device__ __forceinline__ void stash_fill(Ctx& c, bool paced) {
+    stream_settle(c);  // the ring may have ended on a matrix's last granule
     Stream& s = c.st;
-    while (s.g >= s.src.ngran) next_matrix(s, c.P->w, c.b, c.warp);  // the ring may have ended on a matrix's last granule
     s.stash_g0 = s.g;
     constexpr int N = STASH + (MAT == MAT_GU ? STASH_XS : 0);
     s.stash_n = s.mat == MAT && s.layer == c.layer ? min(N, (s.src.ngran - s.g + NW - 1) / NW) : 0;
