@@ -87,22 +87,29 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     c.st.tiles_group = c.st.groups;
 }
 
-// Where a wave of units has many records (long contexts: up to NBLK / NKV units per kv head),
-// their values are copied into shared memory, MERGE_CH records per round trip: cp.async copies
-// hold no registers (loaded into registers one at a time, each record cost a round trip; four at
-// a time cost spills in other phases: PERF.md v17). Each merging warp's stage lies in the K/V
-// tiles' region, free once the tiles are done.
-constexpr int MERGE_CH = cmin(KOG_WAVE, ATT_STAGES * TBR * TILE_F / (G * 2 * D));  // records per copy round
-static_assert(MERGE_CH >= 2, "room to stage the attention records");
+// Where a kv head's (or head group's) tiles span several units, every unit publishes its (acc,
+// max, sum) record per query head as tagged words, and unit j merges the heads h with h % nbc ==
+// j: a long context's merge (Qwen2.5 at 4k: 65 units, 6 heads) is spread over up to gh blocks
+// instead of one. Where a wave of units has many records, their values are copied into shared
+// memory, a stage's worth per round trip: cp.async copies hold no registers (loaded into registers
+// one at a time, each record cost a round trip; four at a time cost spills in other phases:
+// PERF.md v17). The merging warps of a unit share the K/V tiles' region, free once the tiles are
+// done, as their stages: the whole region where a unit merges one head (nbc >= gh), else a
+// G-th per merging warp.
+constexpr int MERGE_WORDS = ATT_STAGES * TBR * TILE_F / 2;  // 8-byte words of the stages
+constexpr int MERGE_CH1 = cmin(KOG_WAVE, MERGE_WORDS / D);        // records per copy round: a unit's one merging warp
+constexpr int MERGE_CHG = cmin(KOG_WAVE, MERGE_WORDS / (G * D));  // ... where up to G warps merge
+static_assert(MERGE_CHG >= 2, "room to stage the attention records");
 
 // Records jb0 .. n - 1 of a wave (rec: the wave's first unit; wj: lane j's weight) added into o
-// in order, through this warp's stage.
+// in order, through this warp's stage of ch records.
+template <int CH>
 __device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, int jb0, int n, float wj, unsigned tag,
                                              float (&o)[DL], kog_u64* stage) {
     constexpr long long CS = (long long)G * (D + 2);  // one unit's records
     bool ok = true;
-    for (int jb = jb0; jb < n; jb += MERGE_CH) {
-        const int m = min(MERGE_CH, n - jb);
+    for (int jb = jb0; jb < n; jb += CH) {
+        const int m = min(CH, n - jb);
         for (int q = c.lane; q < m * (D / 2); q += KOG_WAVE) {  // 16 bytes: two words
             const int k = q / (D / 2), e = 2 * (q - k * (D / 2));
             kog_cp_async16(stage + k * D + e, rec + (jb + k) * CS + e);
@@ -123,45 +130,45 @@ __device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, i
     return ok;
 }
 
-// The first unit of a kv head (or head group), warp h < gh: its own head's state (o unnormalised,
-// max M, sum L) merged with the records of units 1 .. nbc - 1 (own: `pr`, theirs at strides of G (D + 2)), in
-// a fixed order (deterministic: the same sums as one unit over all records). Lane = unit for the
-// maxima and sums, a wave of units at a time; the first record's values are loaded with them, so
-// that one or two records already published cost one or two round trips; more go through the
-// stage (merge_staged).
-__device__ bool att_merge_records(const Ctx& c, const kog_u64* pr, int nbc, unsigned tag, float (&o)[DL], float& M,
+// Warp h of a merging unit: the records of units 0 .. nbc - 1 for its head (unit 0's at pr0,
+// the others at strides of G (D + 2)) merged in that fixed order (deterministic: the same sums
+// as one unit over all records) into o (unnormalised), M (max) and L (sum). Lane = unit for the
+// maxima and sums, a wave of units at a time; the wave's first record's values are loaded with
+// them, so that one or two records cost one or two round trips; more go through the stage.
+template <int CH>
+__device__ bool att_merge_records(const Ctx& c, const kog_u64* pr0, int nbc, unsigned tag, float (&o)[DL], float& M,
                                   float& L, kog_u64* stage) {
     constexpr long long CS = (long long)G * (D + 2);  // one unit's records
     const int lane = c.lane;
     float Mc = -KOG_INF, Lc = 0.f;
+#pragma unroll
+    for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
-        const int j = j0 + lane, jb0 = j0 == 0 ? 1 : 0;  // unit 0's record is the caller's own
+        const int j = j0 + lane;
         kog_u64 w[DL];
 #pragma unroll
-        for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(pr + (j0 + jb0) * CS + lane + 32 * i);
+        for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(pr0 + j0 * CS + lane + 32 * i);
         float mj = -KOG_INF, lj = 0.f;
-        if (j == 0) {
-            mj = M, lj = L;
-        } else if (j < nbc) {
-            kog_u64 wm = kog_ld_tagged(pr + j * CS + D), wl = kog_ld_tagged(pr + j * CS + D + 1);
-            ok &= settle_tagged(c, wm, pr + j * CS + D, tag) && settle_tagged(c, wl, pr + j * CS + D + 1, tag);
+        if (j < nbc) {
+            kog_u64 wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
+            ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag);
             mj = kog_value_of(wm), lj = kog_value_of(wl);
         }
         if (!kog_wave_all(ok)) return false;
         const float Mn = fmaxf(Mc, kog_wave_max(mj));
         const float wj = j < nbc ? expf(mj - Mn) : 0.f;
-        const float keep = j0 == 0 ? kog_shfl(wj, 0) : expf(Mc - Mn);  // the own record, or the sum so far
-        Lc = Lc * (j0 == 0 ? 0.f : keep) + kog_wave_sum(wj * lj);
+        const float keep = j0 == 0 ? 0.f : expf(Mc - Mn);  // the sum so far (none before the first wave)
+        Lc = Lc * keep + kog_wave_sum(wj * lj);
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] *= keep;
         const int n = min(KOG_WAVE, nbc - j0);
-        if (n - jb0 > 2) {
-            ok &= merge_staged(c, pr + j0 * CS, jb0, n, wj, tag, o, stage);
+        if (n > 2) {
+            ok &= merge_staged<CH>(c, pr0 + j0 * CS, 0, n, wj, tag, o, stage);
         } else {
-            for (int jb = jb0; jb < n; ++jb) {
-                const kog_u64* r = pr + (j0 + jb) * CS + lane;
-                if (jb != jb0)
+            for (int jb = 0; jb < n; ++jb) {
+                const kog_u64* r = pr0 + (j0 + jb) * CS + lane;
+                if (jb != 0)
 #pragma unroll
                     for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(r + 32 * i);
                 const float wt = kog_shfl(wj, jb);
@@ -340,21 +347,28 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
-        kog_u64* pr = P->part + ((long long)(g * MAXCH + bc) * G + h0 + warp) * (D + 2);
-        if (bc != 0) {  // a later unit of the kv head: its record, for the first unit to merge
+        float Lo = Ls;
+        kog_u64* const attn_out = P->attn + (g * G + h0 + warp) * D;
+        if (nbc == 1) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Lo, epoch_qkv + 1);
+        } else {  // every unit publishes its record; unit warp % nbc merges them
+            constexpr long long CS = (long long)G * (D + 2);
+            kog_u64* const pr0 = P->part + ((long long)(g * MAXCH) * G + h0 + warp) * (D + 2);  // unit 0's record of this head
+            kog_u64* const pr = pr0 + bc * CS;
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(pr + lane + 32 * i, o[i], epoch_qkv + 1);
             if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
             trace_att(c, l, u, 4);
-        } else {
-            float M1 = M, L1 = Ls;
-            if (nbc > 1) {
-                trace_att(c, l, u, 4);
-                ok = att_merge_records(c, pr, nbc, epoch_qkv + 1, o, M1, L1,
-                                       reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + warp * MERGE_CH * D);
-            }
+            if (warp % nbc == bc) {  // warp-uniform; where the unit merges one head, its warp takes the whole stage
+                kog_u64* const stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0);
+                float M1;
+                ok = nbc >= gh ? att_merge_records<MERGE_CH1>(c, pr0, nbc, epoch_qkv + 1, o, M1, Lo, stage)
+                               : att_merge_records<MERGE_CHG>(c, pr0, nbc, epoch_qkv + 1, o, M1, Lo,
+                                                              stage + (warp / nbc) * MERGE_CHG * D);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) kog_st_tagged(P->attn + (g * G + h0 + warp) * D + lane + 32 * i, o[i] / L1, epoch_qkv + 1);
+                for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Lo, epoch_qkv + 1);
+            }
         }
     }
     trace_att(c, l, u, 5);
