@@ -8,9 +8,9 @@
 // each round, so a tile's K/V rows are loaded into shared memory once for the heads that read
 // them; the old tiles' loads are issued before waiting for this token's q/k/v (they do not
 // depend on it). Each warp keeps an online softmax state; the warps of a head merge in shared
-// memory, and when a head's tiles span several blocks the other units publish their partial
-// (acc, max, sum) records as tagged words, which the first unit merges with its own (no
-// counter, no fence: one round trip).
+// memory, and when a head's tiles span several blocks every unit publishes its partial (acc,
+// max, sum) records as tagged words, which the units merge a head each (att_merge; no counter,
+// no fence).
 // With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
 // before its QKV input is polled, so that it lands during that hop and the QKV product instead
 // of delaying the q/k/v gather.
@@ -89,100 +89,103 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
 
 // Where a kv head's (or head group's) tiles span several units, every unit publishes its (acc,
 // max, sum) record per query head as tagged words, and unit j merges the heads h with h % nbc ==
-// j: a long context's merge (Qwen2.5 at 4k: 65 units, 6 heads) is spread over up to gh blocks
-// instead of one. Where a wave of units has many records, their values are copied into shared
-// memory, a stage's worth per round trip: cp.async copies hold no registers (loaded into registers
-// one at a time, each record cost a round trip; four at a time cost spills in other phases:
-// PERF.md v17). The merging warps of a unit share the K/V tiles' region, free once the tiles are
-// done, as their stages: the whole region where a unit merges one head (nbc >= gh), else a
-// G-th per merging warp.
+// j with all its warps: each warp adds a run of the records, weighted, and the head's first warp
+// sums the runs in order (deterministic). A long context's merge (Qwen2.5 at 4k: 66 records of
+// 128 values per head) is then spread over up to gh blocks and NW warps each; with one warp per
+// head it took ~17-20 us a layer (PERF.md session 20). A warp's records, each with its max and
+// sum, are copied into its part of the K/V tiles' region (free once the tiles are done),
+// MERGE_CHW per round trip, issued before the maxima are settled: records published long ago
+// then cost one round trip, and a record copied before it was published is gathered again.
 constexpr int MERGE_WORDS = ATT_STAGES * TBR * TILE_F / 2;  // 8-byte words of the stages
-constexpr int MERGE_CH1 = cmin(KOG_WAVE, MERGE_WORDS / D);        // records per copy round: a unit's one merging warp
-constexpr int MERGE_CHG = cmin(KOG_WAVE, MERGE_WORDS / (G * D));  // ... where up to G warps merge
-static_assert(MERGE_CHG >= 2, "room to stage the attention records");
+constexpr int MERGE_CHW = cmin(KOG_WAVE, MERGE_WORDS / (NW * (D + 2)));  // records per copy round of a warp
+static_assert(MERGE_CHW >= 1, "room to stage the attention records");
 
-// Records jb0 .. n - 1 of a wave (rec: the wave's first unit; wj: lane j's weight) added into o
-// in order, through this warp's stage of ch records.
-template <int CH>
-__device__ __forceinline__ bool merge_staged(const Ctx& c, const kog_u64* rec, int jb0, int n, float wj, unsigned tag,
-                                             float (&o)[DL], kog_u64* stage) {
-    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
+// The maximum Mx of all nbc records' maxima, and L, the records' sums weighted by exp(max - Mx)
+// (a wave of records a round trip; every warp of a head the same, in the same order).
+__device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, int nbc, unsigned tag, float& Mx, float& L) {
+    constexpr long long CS = (long long)G * (D + 2);
     bool ok = true;
-    for (int jb = jb0; jb < n; jb += CH) {
-        const int m = min(CH, n - jb);
-        for (int q = c.lane; q < m * (D / 2); q += KOG_WAVE) {  // 16 bytes: two words
-            const int k = q / (D / 2), e = 2 * (q - k * (D / 2));
-            kog_cp_async16(stage + k * D + e, rec + (jb + k) * CS + e);
-        }
-        kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
-        kog_wave_sync();
-        for (int k = 0; k < m; ++k) {
-            const float wt = kog_shfl(wj, jb + k);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) {
-                kog_u64 x = stage[k * D + c.lane + 32 * i];
-                ok &= settle_tagged(c, x, rec + (jb + k) * CS + c.lane + 32 * i, tag);
-                o[i] = fmaf(wt, kog_value_of(x), o[i]);
-            }
-        }
-        kog_wave_sync();  // the stage is refilled next round
-    }
-    return ok;
-}
-
-// Warp h of a merging unit: the records of units 0 .. nbc - 1 for its head (unit 0's at pr0,
-// the others at strides of G (D + 2)) merged in that fixed order (deterministic: the same sums
-// as one unit over all records) into o (unnormalised), M (max) and L (sum). Lane = unit for the
-// maxima and sums, a wave of units at a time; the wave's first record's values are loaded with
-// them, so that one or two records cost one or two round trips; more go through the stage.
-template <int CH>
-__device__ bool att_merge_records(const Ctx& c, const kog_u64* pr0, int nbc, unsigned tag, float (&o)[DL], float& M,
-                                  float& L, kog_u64* stage) {
-    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
-    const int lane = c.lane;
-    float Mc = -KOG_INF, Lc = 0.f;
-#pragma unroll
-    for (int i = 0; i < DL; ++i) o[i] = 0.f;
-    bool ok = true;
+    Mx = -KOG_INF, L = 0.f;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
-        const int j = j0 + lane;
-        kog_u64 w[DL];
-#pragma unroll
-        for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(pr0 + j0 * CS + lane + 32 * i);
+        const int j = j0 + c.lane;
         float mj = -KOG_INF, lj = 0.f;
         if (j < nbc) {
             kog_u64 wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
             ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag);
             mj = kog_value_of(wm), lj = kog_value_of(wl);
         }
-        if (!kog_wave_all(ok)) return false;
-        const float Mn = fmaxf(Mc, kog_wave_max(mj));
-        const float wj = j < nbc ? expf(mj - Mn) : 0.f;
-        const float keep = j0 == 0 ? 0.f : expf(Mc - Mn);  // the sum so far (none before the first wave)
-        Lc = Lc * keep + kog_wave_sum(wj * lj);
+        const float Mn = fmaxf(Mx, kog_wave_max(mj));
+        L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(j < nbc ? expf(mj - Mn) * lj : 0.f);
+        Mx = Mn;
+    }
+    return ok;
+}
+
+// All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
+// heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
+__device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
+    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
+    constexpr int RS = D + 2;  // a staged record: D values, max, sum
+    const int nh = bc < gh ? (gh - 1 - bc) / nbc + 1 : 0;  // heads bc, bc + nbc, ... (block-uniform)
+    if (nh == 0) return true;
+    const int wph = NW / nh, hi = c.warp / wph, part = c.warp - hi * wph, lane = c.lane;
+    const bool merging = hi < nh;  // warp-uniform
+    const int h = h0 + bc + hi * nbc;
+    const kog_u64* pr0 = c.P->part + ((long long)(g * MAXCH) * G + h) * (D + 2);  // unit 0's record of head h
+    const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
+    kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
+    float o[DL], Mx = 0.f, L = 0.f;
 #pragma unroll
-        for (int i = 0; i < DL; ++i) o[i] *= keep;
-        const int n = min(KOG_WAVE, nbc - j0);
-        if (n > 2) {
-            ok &= merge_staged<CH>(c, pr0 + j0 * CS, 0, n, wj, tag, o, stage);
-        } else {
-            for (int jb = 0; jb < n; ++jb) {
-                const kog_u64* r = pr0 + (j0 + jb) * CS + lane;
-                if (jb != 0)
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) w[i] = kog_ld_tagged(r + 32 * i);
-                const float wt = kog_shfl(wj, jb);
+    for (int i = 0; i < DL; ++i) o[i] = 0.f;
+    bool ok = true;
+    if (merging && jlo < jhi) {  // (the head's first warp always has records)
+        for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
+            const int m = min(MERGE_CHW, jhi - jb);
+            for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
+                const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
+                kog_cp_async16(stage + k * RS + e, pr0 + (jb + k) * CS + e);
+            }
+            if (jb == jlo) ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the first round's copies fly
+            kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
+            kog_wave_sync();
+            for (int k = 0; k < m; ++k) {
+                const kog_u64* rec = pr0 + (jb + k) * CS;
+                kog_u64 wm = stage[k * RS + D];
+                float v[DL];
+                bool fresh = tag_ready(wm, tag);
 #pragma unroll
                 for (int i = 0; i < DL; ++i) {
-                    ok &= settle_tagged(c, w[i], r + 32 * i, tag);
-                    o[i] = fmaf(wt, kog_value_of(w[i]), o[i]);
+                    const kog_u64 x = stage[k * RS + lane + 32 * i];
+                    fresh &= tag_ready(x, tag);
+                    v[i] = kog_value_of(x);
                 }
+                if (!kog_wave_all(fresh)) {  // copied before it was published
+                    wm = kog_ld_tagged(rec + D);
+                    ok &= settle_tagged(c, wm, rec + D, tag) && gather_tagged_lane<DL>(c, v, rec, tag);
+                }
+                const float wt = expf(kog_value_of(wm) - Mx);
+#pragma unroll
+                for (int i = 0; i < DL; ++i) o[i] = fmaf(wt, v[i], o[i]);
             }
+            kog_wave_sync();  // the stage is refilled next round
         }
-        Mc = Mn;
     }
-    M = Mc, L = Lc;
-    return kog_wave_all(ok);
+    if (merging) {
+#pragma unroll
+        for (int i = 0; i < DL; ++i) scratch[c.warp * (D + 2) + lane + 32 * i] = o[i];
+    }
+    __syncthreads();
+    if (merging && part == 0) {  // the runs in order
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        for (int p = 0; p < wph; ++p)
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] += scratch[(c.warp + p) * (D + 2) + lane + 32 * i];
+        kog_u64* const out = c.P->attn + (long long)(g * G + h) * D;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) kog_st_tagged(out + lane + 32 * i, o[i] / L, tag);
+    }
+    return ok;
 }
 
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
@@ -347,29 +350,21 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
-        float Lo = Ls;
-        kog_u64* const attn_out = P->attn + (g * G + h0 + warp) * D;
         if (nbc == 1) {
+            kog_u64* const attn_out = P->attn + (g * G + h0 + warp) * D;
 #pragma unroll
-            for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Lo, epoch_qkv + 1);
-        } else {  // every unit publishes its record; unit warp % nbc merges them
-            constexpr long long CS = (long long)G * (D + 2);
-            kog_u64* const pr0 = P->part + ((long long)(g * MAXCH) * G + h0 + warp) * (D + 2);  // unit 0's record of this head
-            kog_u64* const pr = pr0 + bc * CS;
+            for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        } else {  // this unit's record of the head, for the units that merge
+            kog_u64* const pr = P->part + ((long long)(g * MAXCH + bc) * G + h0 + warp) * (D + 2);
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(pr + lane + 32 * i, o[i], epoch_qkv + 1);
             if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
-            trace_att(c, l, u, 4);
-            if (warp % nbc == bc) {  // warp-uniform; where the unit merges one head, its warp takes the whole stage
-                kog_u64* const stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0);
-                float M1;
-                ok = nbc >= gh ? att_merge_records<MERGE_CH1>(c, pr0, nbc, epoch_qkv + 1, o, M1, Lo, stage)
-                               : att_merge_records<MERGE_CHG>(c, pr0, nbc, epoch_qkv + 1, o, M1, Lo,
-                                                              stage + (warp / nbc) * MERGE_CHG * D);
-#pragma unroll
-                for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Lo, epoch_qkv + 1);
-            }
         }
+    }
+    if (nbc > 1) {
+        trace_att(c, l, u, 4);
+        __syncthreads();  // rec was read above: the merge's partial sums go there
+        ok &= att_merge(c, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
     }
     trace_att(c, l, u, 5);
     return __syncthreads_and(ok);

@@ -406,7 +406,7 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
 
 // The ring's and the K/V tiles' cp.async commit groups go through here: the attention's first
 // wait counts the groups committed after its tiles (ATT_EARLY). Only the records' merge commits
-// beside it (merge_staged: a commit and wait for all), after that wait, so the count between the
+// beside it (att_merge: a commit and wait for all), after that wait, so the count between the
 // tiles and the wait stays exact.
 __device__ __forceinline__ void commit_group(Ctx& c) {
     kog_cp_async_commit();
