@@ -15,8 +15,6 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
   after them paced,
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
-  KOG_STASH_REL=1 issues a product's held refills before it waits for its stash (0: after),
-  KOG_STASH_DN_W0=1|2 lets warp 0, which polls the act flags, stash down at once or not at all,
   KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they fit);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
@@ -97,9 +95,6 @@ VARIANTS = {
     "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
     "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
-    "stash-rel-1": {"KOG_STASH_REL": "1"},  # held refills issued before the product waits for its stash
-    "stash-dn-w0-1": {"KOG_STASH_DN_W0": "1"},  # warp 0 (the act flags' poller) stashes down at once
-    "stash-dn-w0-2": {"KOG_STASH_DN_W0": "2"},  # ... not at all
     "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
     "hold-none": {"KOG_HOLD": "0"},

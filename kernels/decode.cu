@@ -123,7 +123,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         }
         if (ACT_TAGGED) end_phase(c);
         else arrive(c);
-        if (STASH && STASH_DN && !(STASH_DN_W0 == 2 && c.warp == 0)) stash_fill<MAT_DN>(c, STASH_DN == 2 && !(STASH_DN_W0 == 1 && c.warp == 0));
+        if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         if (ACT_TAGGED) {
             if (!stage_copy<INTER>(c, xs, P->act, c.epoch)) return false;

@@ -39,12 +39,6 @@
 #ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps, where they fit (-1: by shape)
 #define KOG_STASH_XS -1
 #endif
-#ifndef KOG_STASH_REL  // timing experiments: a product issues its held refills after (0) or before (1) it waits for its stash
-#define KOG_STASH_REL 0
-#endif
-#ifndef KOG_STASH_DN_W0  // timing experiments: warp 0 (the act flags' poller) stashes down like the others (0), at once (1), never (2)
-#define KOG_STASH_DN_W0 0
-#endif
 #ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
 #define KOG_STASH_PACE 1
 #endif
@@ -323,8 +317,6 @@ constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(3, S
 constexpr int STASH_ATT = KOG_STASH_ATT;
 constexpr int STASH_DN = KOG_STASH_DN;
 constexpr int STASH_PACE = KOG_STASH_PACE;
-constexpr int STASH_REL = KOG_STASH_REL;
-constexpr int STASH_DN_W0 = KOG_STASH_DN_W0;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
 // input region, up to MV_X (sized for down's input): where they hold a 2 KB slot for every warp,
 // gate/up's stash may take one granule more per warp there (STASH_XS). Measured (PERF.md session

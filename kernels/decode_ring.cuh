@@ -119,9 +119,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     const int ngran = mv_ngran<M>(c.b);
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
-    if (STASH_REL) ring_release(c);  // the input is staged: refill now
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    if (!STASH_REL) ring_release(c);
+    ring_release(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     float4 xa[M::U], xb[M::U];
     if (X_IN_REGS) {
