@@ -10,6 +10,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
   (0: every granule summed by shuffles); KOG_ATT_RMAX=n splits a kv head's query heads over blocks
   where the attention units then take at most n rounds of tiles (0: never; by shape by default);
+  KOG_ACT_STREAM=1 copies a long SiLU(gate)*up a producer's slice at a time, as each flag is seen
+  (instead of every flag first, then the whole vector);
   KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
   KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
@@ -95,6 +97,7 @@ VARIANTS = {
     "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
     "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
+    "act-stream": {"KOG_ACT_STREAM": "1"},  # SiLU(gate)*up copied a producer at a time as its flag is seen
     "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
     "hold-none": {"KOG_HOLD": "0"},

@@ -27,6 +27,9 @@
 #ifndef KOG_ATT_RMAX  // timing experiments: ATT_RMAX below forced to this (-1: by shape)
 #define KOG_ATT_RMAX -1
 #endif
+#ifndef KOG_ACT_STREAM  // timing experiments: 1 copies SiLU(gate)*up a producer at a time as its flag is seen (stage_act_stream)
+#define KOG_ACT_STREAM 0
+#endif
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
 #endif

@@ -315,6 +315,49 @@ __device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
     __syncthreads();
 }
 
+// ACT_STREAM (timing experiment; decode_breakdown `act-stream`): SiLU(gate)*up behind the flags
+// into shared memory (split layout), a producer's slice as soon as its flag is seen, instead of
+// every flag first and then the whole vector (two round trips under load after the last producer,
+// the second one 32 KB a block: PERF.md session 20). Warp w watches producers w, w + NW, ... (a
+// lane each, acquire loads); the warp copies each newly seen producer's slice, BATCH producers'
+// loads in flight at once. All threads; false on timeout or when another block failed.
+template <class M>
+__device__ bool stage_act_stream(const Ctx& c, float* xs, const float* act, unsigned target) {
+    constexpr int KP = (NBLK + NW - 1) / NW, SLICE = (M::MAXR / 2 + KOG_WAVE - 1) / KOG_WAVE, BATCH = 4;
+    static_assert(KP <= KOG_WAVE, "a lane per watched producer");
+    const int pb = c.warp + NW * c.lane;
+    bool waiting = c.lane < KP && pb < NBLK;
+    bool ok = true;
+    kog_u64 t0 = 0;
+    for (int it = 1; kog_wave_all(ok); ++it) {
+        const bool seen = waiting && kog_ld_acquire_u32(c.P->flags + pb) >= target;
+        unsigned fresh = kog_wave_ballot(seen);
+        kog_wave_sync();  // the seeing lanes' acquire orders the whole warp's loads below
+        waiting &= !seen;
+        while (fresh) {
+            float v[BATCH][SLICE];
+            int a0[BATCH], a1[BATCH];
+#pragma unroll
+            for (int k = 0; k < BATCH; ++k) {
+                const int b = fresh ? c.warp + NW * (__ffs(fresh) - 1) : -1;
+                fresh &= fresh - 1;
+                a0[k] = b < 0 ? 0 : M::row0(b) / 2, a1[k] = b < 0 ? 0 : M::row0(b + 1) / 2;
+#pragma unroll
+                for (int i = 0; i < SLICE; ++i)
+                    if (a0[k] + c.lane + KOG_WAVE * i < a1[k]) v[k][i] = kog_ldcg(act + a0[k] + c.lane + KOG_WAVE * i);
+            }
+#pragma unroll
+            for (int k = 0; k < BATCH; ++k)
+#pragma unroll
+                for (int i = 0; i < SLICE; ++i)
+                    if (a0[k] + c.lane + KOG_WAVE * i < a1[k]) xs[xs_index(a0[k] + c.lane + KOG_WAVE * i)] = v[k][i];
+        }
+        if (!kog_wave_any(waiting)) break;
+        ok = poll_again(c, it, t0, target);
+    }
+    return __syncthreads_and(ok);
+}
+
 // A tagged N-vector into shared memory (split layout).
 template <int N>
 __device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
