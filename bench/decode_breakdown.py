@@ -10,8 +10,6 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
   (0: every granule summed by shuffles); KOG_ATT_RMAX=n splits a kv head's query heads over blocks
   where the attention units then take at most n rounds of tiles (0: never; by shape by default);
-  KOG_ACT_STREAM=1 copies a long SiLU(gate)*up a producer's slice at a time, as each flag is seen
-  (instead of every flag first, then the whole vector);
   KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
   KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
@@ -32,14 +30,15 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
-  product of that layer, when each warp passed its steps (refills issued, first granule landed,
+  product of the traced layer (--trace-layer, by default the middle one; in layer 0 'qkv ready'
+  stands for 'choose ready'), when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
   before its refill is issued or held; when the refills held back for the product were issued,
   before its inputs are loaded); and the weight stream's demand while that layer runs (the
   bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
-        [--trace full|none|VERSION] [--version v8=.bench/v8/kernels --variants full,v8]
+        [--trace full|none|VERSION] [--trace-layer N] [--version v8=.bench/v8/kernels --variants full,v8]
 """
 
 from __future__ import annotations
@@ -97,9 +96,9 @@ VARIANTS = {
     "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
     "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
-    "act-stream": {"KOG_ACT_STREAM": "1"},  # SiLU(gate)*up copied a producer at a time as its flag is seen
     "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
+    "rope-early": {"KOG_ROPE_EARLY": "1"},  # the rope table's row loaded before the q/k/v gather
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -114,6 +113,13 @@ TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
 # the events of one layer, in kernel order (greedy decoding), and what ends at each
 LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
                 "down ready", "down done")
+
+
+def layer_event(layer: int, name: str) -> int:
+    """The row of kog_trace where a layer passed an event: 'choose ready' comes first, then nine
+    events per layer, but for layer 0's 'qkv ready' (its input is the embedding row: 'choose
+    ready' stands for it)."""
+    return 9 * layer + LAYER_EVENTS.index(name)
 
 
 def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
@@ -133,7 +139,7 @@ def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
     return float(np.median(rates[1:])), float(np.median(tails[1:]))
 
 
-def trace(be, prompt, layers: int) -> None:
+def trace(be, prompt, layers: int, traced: int) -> None:
     """Per-phase work and hops of token TRACE_STEP, averaged over the middle layers."""
     import cupy as cp
 
@@ -169,6 +175,8 @@ def trace(be, prompt, layers: int) -> None:
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
     layer0_done, last_done = t[8].max(), t[first - 1].max()  # layer 0 has no 'qkv ready' (events 1-8)
+    layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in LAYER_EVENTS[1:])
+    print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
     print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
           f"layers 1-{layers - 1} {(last_done - layer0_done) / 1e3:.1f} us; last down done -> lm head ready "
           f"{(t[first].max() - last_done) / 1e3:.2f} us")
@@ -176,9 +184,10 @@ def trace(be, prompt, layers: int) -> None:
     lm = (t[first + 1] - t[first]) / 1e3  # per block, ready -> done
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
-    attention_units(be, t, layers)
-    product_steps(be)
-    ring_demand(be, t, layers)
+    slowest_blocks(lm[None, :], (t[first] - t[first].max())[None, :] / 1e3)
+    attention_units(be, t, traced)
+    product_steps(be, traced)
+    ring_demand(be, t, traced)
 
 
 def slowest_blocks(work, ready) -> None:
@@ -198,14 +207,13 @@ ATT_STAMPS = ((0, "start"), (1, "inputs ready"), (2, "q/k/v prepared"), (6, "rou
               (7, "round: math done"), (3, "tiles done"), (4, "records published"), (5, "end"))
 
 
-def attention_units(be, t, layers: int) -> None:
-    """The attention units of the middle layer, from the last block's 'qkv done' of that layer."""
+def attention_units(be, t, layer: int) -> None:
+    """The attention units of the traced layer, from the last block's 'qkv done' of that layer."""
     import cupy as cp
 
     ptr = be.mod.get_global("kog_trace_att")
     a = cp.ndarray((be.nblk, 8), cp.uint64, ptr).get().astype(np.int64)
-    layer = layers // 2
-    qkv_done = t[1 + 8 + 9 * (layer - 1) + 1].max()
+    qkv_done = t[layer_event(layer, "qkv done")].max()
     units = a[a[:, 0] > 0]
     rel = (units - qkv_done) / 1e3
     print(f"  attention block-units of layer {layer}: {len(units)}; stamps after the last 'qkv done' (median / max us):")
@@ -215,21 +223,21 @@ def attention_units(be, t, layers: int) -> None:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
 
 
-# kernels/decode.cu trace_mv stamps per warp of each product of the middle layer
+# kernels/decode.cu trace_mv stamps per warp of each product of the traced layer
 MV_STAMPS = ("refills released, inputs loaded", "first granule landed", "granules done", "block's sums in",
              "results stored", "last granule landed", "last granule's math done", "held refills issued")
 MV_NAMES = ("qkv", "o", "gate/up", "down")
 
 
-def product_steps(be) -> None:
-    """Inside each product of the middle layer: per warp, how long after entering mv_run it
+def product_steps(be, layer: int) -> None:
+    """Inside each product of the traced layer: per warp, how long after entering mv_run it
     passed each step (median / max over blocks and warps, us)."""
     import cupy as cp
 
     nw = be.nthr // 32
     ptr = be.mod.get_global("kog_trace_mv")
     a = cp.ndarray((4, be.nblk, nw, len(MV_STAMPS) + 1), cp.uint64, ptr).get().astype(np.int64)
-    print("  inside the products of the middle layer, per warp after entering the product (median / max us):")
+    print(f"  inside the products of layer {layer}, per warp after entering the product (median / max us):")
     for m, name in enumerate(MV_NAMES):
         rel = (a[m, :, :, 1:] - a[m, :, :, :1]) / 1e3
         cells = []
@@ -243,8 +251,8 @@ TRACE_RING = 256  # kernels/decode_sync.cuh: refills recorded per warp
 RING_BIN_US = 0.5
 
 
-def ring_demand(be, t, layers: int) -> None:
-    """The refills every warp issued while the middle layer ran (kog_trace_ring: issue times,
+def ring_demand(be, t, layer: int) -> None:
+    """The refills every warp issued while the traced layer ran (kog_trace_ring: issue times,
     kog_trace_ring_n: the warp's 16-byte pieces), as TB/s per RING_BIN_US. Each block records from
     its own start of the layer to its own end of it, so only the window in which every block
     records is shown: from the layer's last 'qkv ready' to its first 'down done'. Beside it, when
@@ -255,8 +263,7 @@ def ring_demand(be, t, layers: int) -> None:
     n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
-    layer = layers // 2
-    first = 1 + 8 + 9 * (layer - 1)  # the layer's 'qkv ready' (kernels/decode.cu event order)
+    first = layer_event(layer, "qkv ready")
     t0, t1 = t[first].max(), t[first + 8].min()  # every block records between these
     if t1 <= t0:
         return
@@ -297,7 +304,7 @@ def parse_versions(specs: list[str]) -> dict[str, Path]:
     return versions
 
 
-def build(lm, label: str, versions: dict[str, Path], context: int, traced: bool = False):
+def build(lm, label: str, versions: dict[str, Path], context: int, traced_layer: int | None = None):
     """The backend of a label: 'a+b' combines variants a and b, and at most one part names a
     version (another kernels/ folder) instead of the current one."""
     from engine.backends.cuda import CudaBackend
@@ -308,8 +315,9 @@ def build(lm, label: str, versions: dict[str, Path], context: int, traced: bool 
     for part in parts:
         if part not in versions:
             defines.update(VARIANTS[part])
-    if traced:
+    if traced_layer is not None:
         defines["KOG_TRACE"] = str(TRACE_STEP)
+        defines["KOG_TRACE_LAYER"] = str(traced_layer)
     return CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
 
 
@@ -330,6 +338,8 @@ def main() -> None:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="which variants to time ('' for the trace only)")
     ap.add_argument("--context", type=int, default=32, help="prompt tokens before the 256 decoded ones")
     ap.add_argument("--trace", default="full", help="the variant whose token is traced ('none': no trace)")
+    ap.add_argument("--trace-layer", type=int, default=None,
+                    help="the layer whose attention units, products and refills are traced (default: the middle one)")
     ap.add_argument("--version", action="append", default=[], metavar="NAME=DIR",
                     help="another version of kernels/, timed as variant NAME (repeatable)")
     ap.add_argument("--baseline", action="append", default=[], metavar="DIR", help="the same as --version baseline=DIR")
@@ -347,10 +357,14 @@ def main() -> None:
         prompt = random_prompt(lm.config.vocab_size, args.context, np.random.default_rng(7))
         line = []
         if args.trace != "none":
-            be = build(lm, args.trace, versions, args.context, traced=True)
+            layers = lm.config.num_layers
+            traced = layers // 2 if args.trace_layer is None else args.trace_layer
+            if not 0 <= traced < layers:
+                ap.error(f"--trace-layer {traced}: {name} has layers 0-{layers - 1}")
+            be = build(lm, args.trace, versions, args.context, traced_layer=traced)
             r, _ = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
-            trace(be, prompt, lm.config.num_layers)
+            trace(be, prompt, layers, traced)
             be.close()
         for label in labels:
             be = build(lm, label, versions, args.context)

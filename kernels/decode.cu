@@ -128,9 +128,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (ACT_TAGGED) {
             if (!stage_copy<INTER>(c, xs, P->act, c.epoch)) return false;
             trace_event(c);
-        } else if (KOG_ACT_STREAM) {
-            if (!stage_act_stream<MGU>(c, xs, reinterpret_cast<const float*>(P->act), c.epoch)) return false;
-            trace_event(c);
         } else {
             if (!wait_all(c, c.epoch)) return false;
             stage_copy_plain<INTER>(c, xs, reinterpret_cast<const float*>(P->act));

@@ -27,9 +27,6 @@
 #ifndef KOG_ATT_RMAX  // timing experiments: ATT_RMAX below forced to this (-1: by shape)
 #define KOG_ATT_RMAX -1
 #endif
-#ifndef KOG_ACT_STREAM  // timing experiments: 1 copies SiLU(gate)*up a producer at a time as its flag is seen (stage_act_stream)
-#define KOG_ACT_STREAM 0
-#endif
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
 #endif
@@ -44,6 +41,9 @@
 #endif
 #ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
 #define KOG_STASH_PACE 1
+#endif
+#ifndef KOG_ROPE_EARLY  // timing experiments: 1 loads the rope table's row before the q/k/v gather (0: after it)
+#define KOG_ROPE_EARLY 0
 #endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV

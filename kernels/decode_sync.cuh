@@ -8,35 +8,38 @@ constexpr int TRACE_EV = 1024;
 __device__ kog_u64 kog_trace[TRACE_EV * NBLK];
 #endif
 #ifdef KOG_TRACE
-constexpr int TRACE_ATT = 8;  // stamps per attention unit of the middle layer
+#ifndef KOG_TRACE_LAYER  // the layer whose attention units, products and refills are traced
+#define KOG_TRACE_LAYER (NL / 2)
+#endif
+constexpr int TRACE_ATT = 8;  // stamps per attention unit of the traced layer
 __device__ kog_u64 kog_trace_att[NBLK * TRACE_ATT];
 #endif
-// lane 0 of an attention unit's wave: stamp k of unit u (middle layer of the traced step)
+// lane 0 of an attention unit's wave: stamp k of unit u (traced layer of the traced step)
 __device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
 #ifdef KOG_TRACE
-    if (c.lane == 0 && c.step == KOG_TRACE && l == NL / 2) kog_trace_att[u * TRACE_ATT + k] = kog_clock_ns();
+    if (c.lane == 0 && c.step == KOG_TRACE && l == KOG_TRACE_LAYER) kog_trace_att[u * TRACE_ATT + k] = kog_clock_ns();
 #else
     (void)c, (void)l, (void)u, (void)k;
 #endif
 }
 #ifdef KOG_TRACE
-// stamps per warp per product of the middle layer, k: 0 entered, 1 refills issued and inputs loaded,
+// stamps per warp per product of the traced layer, k: 0 entered, 1 refills issued and inputs loaded,
 // 2 first granule landed, 3 granules done, 4 block's sums in, 5 results stored, 6 last granule
 // landed, 7 its math done, 8 held refills issued (bench/decode_breakdown.py MV_STAMPS names 1-8)
 constexpr int TRACE_MV = 9;
 __device__ kog_u64 kog_trace_mv[4 * NBLK * NW * TRACE_MV];
 #endif
-// lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the middle layer of the traced step
+// lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the traced layer of the traced step
 __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
 #ifdef KOG_TRACE
-    if (c.lane == 0 && c.step == KOG_TRACE && c.layer == NL / 2 && mat < 4)
+    if (c.lane == 0 && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER && mat < 4)
         kog_trace_mv[((mat * NBLK + c.b) * NW + c.warp) * TRACE_MV + k] = kog_clock_ns();
 #else
     (void)c, (void)mat, (void)k;
 #endif
 }
 #ifdef KOG_TRACE
-// refills each warp issues while the traced step runs its middle layer: when, and the warp's
+// refills each warp issues while the traced step runs the traced layer: when, and the warp's
 // 16-byte pieces | the matrix << 8 | 1 << 11 for the next layer's (bench/decode_breakdown.py:
 // the weight stream's demand, and when each matrix's refills went out)
 constexpr int TRACE_RING = 256;
@@ -45,7 +48,7 @@ __device__ unsigned short kog_trace_ring_n[NBLK * NW * TRACE_RING];
 #endif
 __device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int layer) {
 #ifdef KOG_TRACE
-    if (c.step == KOG_TRACE && c.layer == NL / 2 && c.st.traced < TRACE_RING) {  // warp-uniform
+    if (c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER && c.st.traced < TRACE_RING) {  // warp-uniform
         if (c.lane == 0) {
             const int k = (c.b * NW + c.warp) * TRACE_RING + c.st.traced;
             kog_trace_ring[k] = kog_clock_ns();
@@ -313,49 +316,6 @@ __device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
     for (int k = 0; k < NV; ++k)
         if (c.tid + k * NTHR < N4) *reinterpret_cast<float4*>(xs + xs_index(4 * (c.tid + k * NTHR))) = v[k];
     __syncthreads();
-}
-
-// ACT_STREAM (timing experiment; decode_breakdown `act-stream`): SiLU(gate)*up behind the flags
-// into shared memory (split layout), a producer's slice as soon as its flag is seen, instead of
-// every flag first and then the whole vector (two round trips under load after the last producer,
-// the second one 32 KB a block: PERF.md session 20). Warp w watches producers w, w + NW, ... (a
-// lane each, acquire loads); the warp copies each newly seen producer's slice, BATCH producers'
-// loads in flight at once. All threads; false on timeout or when another block failed.
-template <class M>
-__device__ bool stage_act_stream(const Ctx& c, float* xs, const float* act, unsigned target) {
-    constexpr int KP = (NBLK + NW - 1) / NW, SLICE = (M::MAXR / 2 + KOG_WAVE - 1) / KOG_WAVE, BATCH = 4;
-    static_assert(KP <= KOG_WAVE, "a lane per watched producer");
-    const int pb = c.warp + NW * c.lane;
-    bool waiting = c.lane < KP && pb < NBLK;
-    bool ok = true;
-    kog_u64 t0 = 0;
-    for (int it = 1; kog_wave_all(ok); ++it) {
-        const bool seen = waiting && kog_ld_acquire_u32(c.P->flags + pb) >= target;
-        unsigned fresh = kog_wave_ballot(seen);
-        kog_wave_sync();  // the seeing lanes' acquire orders the whole warp's loads below
-        waiting &= !seen;
-        while (fresh) {
-            float v[BATCH][SLICE];
-            int a0[BATCH], a1[BATCH];
-#pragma unroll
-            for (int k = 0; k < BATCH; ++k) {
-                const int b = fresh ? c.warp + NW * (__ffs(fresh) - 1) : -1;
-                fresh &= fresh - 1;
-                a0[k] = b < 0 ? 0 : M::row0(b) / 2, a1[k] = b < 0 ? 0 : M::row0(b + 1) / 2;
-#pragma unroll
-                for (int i = 0; i < SLICE; ++i)
-                    if (a0[k] + c.lane + KOG_WAVE * i < a1[k]) v[k][i] = kog_ldcg(act + a0[k] + c.lane + KOG_WAVE * i);
-            }
-#pragma unroll
-            for (int k = 0; k < BATCH; ++k)
-#pragma unroll
-                for (int i = 0; i < SLICE; ++i)
-                    if (a0[k] + c.lane + KOG_WAVE * i < a1[k]) xs[xs_index(a0[k] + c.lane + KOG_WAVE * i)] = v[k][i];
-        }
-        if (!kog_wave_any(waiting)) break;
-        ok = poll_again(c, it, t0, target);
-    }
-    return __syncthreads_and(ok);
 }
 
 // A tagged N-vector into shared memory (split layout).

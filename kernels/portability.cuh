@@ -43,9 +43,7 @@ __device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FUL
 template <typename T>
 __device__ __forceinline__ T kog_shfl_up(T v, int d) { return __shfl_up_sync(KOG_FULL_MASK, v, d); }
 __device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FULL_MASK, p); }
-__device__ __forceinline__ bool kog_wave_any(bool p) { return __any_sync(KOG_FULL_MASK, p); }
 __device__ __forceinline__ void kog_wave_sync() { __syncwarp(); }
-__device__ __forceinline__ unsigned kog_wave_ballot(bool p) { return __ballot_sync(KOG_FULL_MASK, p); }
 
 // ---- memory model ------------------------------------------------------------------------
 __device__ __forceinline__ int kog_ld_relaxed_s32(const int* p) {
@@ -60,11 +58,6 @@ __device__ __forceinline__ uint4 kog_ld_relaxed_u4(const unsigned* p) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p)
                  : "memory");
-    return v;
-}
-__device__ __forceinline__ unsigned kog_ld_acquire_u32(const unsigned* p) {
-    unsigned v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 // Self-validating 8-byte words: (tag << 32) | value bits, written and read whole (an aligned
