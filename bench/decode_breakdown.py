@@ -98,7 +98,6 @@ VARIANTS = {
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
     "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
-    "rope-early": {"KOG_ROPE_EARLY": "1"},  # the rope table's row loaded before the q/k/v gather
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -185,9 +184,27 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
     slowest_blocks(lm[None, :], (t[first] - t[first].max())[None, :] / 1e3)
+    gu = np.array([e[6] - e[5] for e in mid]).mean(axis=0) / 1e3  # per block, mean over the middle layers
+    dn = np.array([e[8] - e[7] for e in mid]).mean(axis=0) / 1e3
+    slow_multiprocessors(be, {"gate/up": gu, "down": dn, "lm head": lm})
     attention_units(be, t, traced)
     product_steps(be, traced)
     ring_demand(be, t, traced)
+
+
+def slow_multiprocessors(be, work: dict) -> None:
+    """Whether a block's streaming speed is its multiprocessor's: the rank correlation of the
+    blocks' work between the big products, and the multiprocessors (%smid) of each product's
+    ten slowest blocks (compare them across runs: a block lands on another one each launch)."""
+    import cupy as cp
+
+    sm = cp.ndarray((be.nblk,), cp.uint32, be.mod.get_global("kog_trace_sm")).get()
+    rank = {name: np.argsort(np.argsort(w)) for name, w in work.items()}
+    names = list(work)
+    pairs = [f"{a} ~ {b} {np.corrcoef(rank[a], rank[b])[0, 1]:+.2f}" for i, a in enumerate(names) for b in names[i + 1 :]]
+    print("    per-block work, rank correlation: " + "; ".join(pairs))
+    for name, w in work.items():
+        print(f"    {name}: the ten slowest blocks' multiprocessors " + " ".join(str(sm[b]) for b in np.argsort(-w)[:10]))
 
 
 def slowest_blocks(work, ready) -> None:

@@ -214,21 +214,15 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     bool ok = true;
     if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
         const int row0 = warp < gh ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
+        // the rope row before the gather: its round trip then hides in the wait (at layer 0 it
+        // comes from HBM, the LM head's stream having passed: PERF.md session 21)
         float v[DL], co[DL / 2], si[DL / 2];
-#if KOG_ROPE_EARLY
 #pragma unroll
         for (int i = 0; i < DL / 2; ++i)
             co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
             si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
-#endif
         ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
         trace_att(c, l, u, 1);
-#if !KOG_ROPE_EARLY
-#pragma unroll
-        for (int i = 0; i < DL / 2; ++i)
-            co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
-            si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
-#endif
         if (warp == gh + 1) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) {

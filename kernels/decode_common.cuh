@@ -42,9 +42,6 @@
 #ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
 #define KOG_STASH_PACE 1
 #endif
-#ifndef KOG_ROPE_EARLY  // timing experiments: 1 loads the rope table's row before the q/k/v gather (0: after it)
-#define KOG_ROPE_EARLY 0
-#endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start

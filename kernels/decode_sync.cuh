@@ -11,6 +11,7 @@ __device__ kog_u64 kog_trace[TRACE_EV * NBLK];
 #ifndef KOG_TRACE_LAYER  // the layer whose attention units, products and refills are traced
 #define KOG_TRACE_LAYER (NL / 2)
 #endif
+__device__ unsigned kog_trace_sm[NBLK];  // the multiprocessor each block runs on
 constexpr int TRACE_ATT = 8;  // stamps per attention unit of the traced layer
 __device__ kog_u64 kog_trace_att[NBLK * TRACE_ATT];
 #endif
@@ -58,6 +59,13 @@ __device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int laye
     }
 #else
     (void)c, (void)pieces, (void)mat, (void)layer;
+#endif
+}
+__device__ __forceinline__ void trace_sm(const Ctx& c) {
+#ifdef KOG_TRACE
+    if (c.tid == 0) kog_trace_sm[c.b] = kog_sm_id();
+#else
+    (void)c;
 #endif
 }
 __device__ __forceinline__ void trace_event(Ctx& c) {

@@ -93,6 +93,11 @@ __device__ __forceinline__ void kog_st_relaxed_sys_s32(int* p, int v) {
 // acquire/release ordering at gpu scope: enough for flag/message passing (no total order needed)
 __device__ __forceinline__ void kog_fence_acqrel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
+__device__ __forceinline__ unsigned kog_sm_id() {  // the multiprocessor a block runs on (tracing)
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+}
 __device__ __forceinline__ void kog_sleep_ns(unsigned ns) { __nanosleep(ns); }  // a poll's back-off
 
 __device__ __forceinline__ kog_u64 kog_clock_ns() {
