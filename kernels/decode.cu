@@ -240,11 +240,11 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     c.sm = kog_smem;
     c.red16 = red16;
     c.sint = sint;
-    trace_sm(c);
     if (gridDim.x != NBLK || blockDim.x != NTHR) {
         if (c.tid == 0) fail(P, ERR_BAD_ARGS, 0);
         return;
     }
+    trace_sm(c);
     const bool greedy = P->greedy != 0;
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
