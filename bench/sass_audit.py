@@ -1,9 +1,11 @@
 """Global loads that ptxas put in series: a load whose value is used before the next global load
 of the same basic block issues, so the two cost two round trips instead of one (PERF.md session
-14: the Llama shape's act copy, the two-word tagged gathers on Qwen2.5 and SmolLM2).
+14: the Llama shape's act copy, the two-word tagged gathers on Qwen2.5 and SmolLM2). With
+--spills, instead: the register spills (local-memory stores and loads) per source line, to see
+whether they land on a hop's path (PERF.md session 21: spills in the act copy, ~3% on Llama).
 
     nvcc -arch=sm_90 -std=c++17 -cubin -lineinfo -DKOG_...=... kernels/decode.cu -o k.cubin
-    python3 bench/sass_audit.py k.cubin [--nvdisasm PATH]
+    python3 bench/sass_audit.py k.cubin [--spills] [--nvdisasm PATH]
 
 nvdisasm comes with the CUDA toolkit (the CPU machine's lacks it; the triton wheel carries one:
 `pip download --no-deps triton`, then triton/backends/nvidia/bin/nvdisasm). Each line printed is
@@ -90,9 +92,27 @@ def serial_loads(listing: str) -> Counter:
     return found
 
 
+def _in_order(where: str) -> tuple[str, int]:
+    """'file:line' sorted by file, then line number ('?' first)."""
+    file, _, line = where.rpartition(":")
+    return (file, int(line)) if line.isdigit() else ("", 0)
+
+
+def spills(listing: str) -> Counter:
+    """(STL or LDL, source line) -> how many register spill stores / loads ptxas put there."""
+    found: Counter = Counter()
+    for block in basic_blocks(listing):
+        for text, where in block:
+            opcode = _opcode_and_operands(text)[0]
+            if opcode.startswith(("STL", "LDL")):
+                found[(opcode[:3], where)] += 1
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("cubin", help="a cubin built with -lineinfo")
+    ap.add_argument("--spills", action="store_true", help="list the register spills per source line instead")
     ap.add_argument("--nvdisasm", default=shutil.which("nvdisasm"), help="the disassembler (default: from PATH)")
     args = ap.parse_args(argv)
     if not args.nvdisasm:
@@ -103,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sass_audit: nvdisasm failed: {run.stderr.strip().splitlines()[-1] if run.stderr.strip() else run.returncode}",
               file=sys.stderr)
         return 2
+    if args.spills:
+        for (kind, where), n in sorted(spills(run.stdout).items(), key=lambda item: (_in_order(item[0][1]), item[0][0])):
+            print(f"{n:4d}  {kind}  {where}")
+        return 0
     for (load, use, later), n in serial_loads(run.stdout).most_common():
         print(f"{n:4d}  load {load}  used at {use}  before the next load {later}")
     return 0
