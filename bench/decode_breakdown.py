@@ -30,12 +30,12 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
-  product of the traced layer (--trace-layer, by default the middle one; in layer 0 'qkv ready'
-  stands for 'choose ready'), when each warp passed its steps (refills issued, first granule landed,
+  product of the traced layer (--trace-layer, by default the middle one), when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
   before its refill is issued or held; when the refills held back for the product were issued,
   before its inputs are loaded); and the weight stream's demand while that layer runs (the
-  bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed).
+  bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed;
+  in layer 0 'choose ready' stands for 'qkv ready').
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--trace-layer N] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -376,8 +376,8 @@ def main() -> None:
         if args.trace != "none":
             layers = lm.config.num_layers
             traced = layers // 2 if args.trace_layer is None else args.trace_layer
-            if not 0 <= traced < layers:
-                ap.error(f"--trace-layer {traced}: {name} has layers 0-{layers - 1}")
+            if not 0 <= traced < layers - 1:  # (the last layer's refill stamps would run on into the LM head)
+                ap.error(f"--trace-layer {traced}: {name} can trace layers 0-{layers - 2}")
             be = build(lm, args.trace, versions, args.context, traced_layer=traced)
             r, _ = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")

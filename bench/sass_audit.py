@@ -1,8 +1,9 @@
 """Global loads that ptxas put in series: a load whose value is used before the next global load
 of the same basic block issues, so the two cost two round trips instead of one (PERF.md session
 14: the Llama shape's act copy, the two-word tagged gathers on Qwen2.5 and SmolLM2). With
---spills, instead: the register spills (local-memory stores and loads) per source line, to see
-whether they land on a hop's path (PERF.md session 21: spills in the act copy, ~3% on Llama).
+--spills, instead: the local-memory stores and loads (register spills, or local arrays) per
+source line, counted where they sit in the code, not how often they run: whether they land on a
+hop's path (PERF.md session 21: spills in the act copy, ~3% on Llama).
 
     nvcc -arch=sm_90 -std=c++17 -cubin -lineinfo -DKOG_...=... kernels/decode.cu -o k.cubin
     python3 bench/sass_audit.py k.cubin [--spills] [--nvdisasm PATH]
@@ -99,7 +100,7 @@ def _in_order(where: str) -> tuple[str, int]:
 
 
 def spills(listing: str) -> Counter:
-    """(STL or LDL, source line) -> how many register spill stores / loads ptxas put there."""
+    """(STL or LDL, source line) -> how many local-memory stores / loads (spills, local arrays) ptxas put there."""
     found: Counter = Counter()
     for block in basic_blocks(listing):
         for text, where in block:
