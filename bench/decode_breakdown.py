@@ -173,7 +173,7 @@ def trace(be, prompt, layers: int, traced: int) -> None:
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
-    layer0_done, last_done = t[8].max(), t[first - 1].max()  # layer 0 has no 'qkv ready' (events 1-8)
+    layer0_done, last_done = t[layer_event(0, "down done")].max(), t[first - 1].max()
     layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in LAYER_EVENTS[1:])
     print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
     print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
@@ -184,8 +184,9 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
     slowest_blocks(lm[None, :], (t[first] - t[first].max())[None, :] / 1e3)
-    gu = np.array([e[6] - e[5] for e in mid]).mean(axis=0) / 1e3  # per block, mean over the middle layers
-    dn = np.array([e[8] - e[7] for e in mid]).mean(axis=0) / 1e3
+    ev = LAYER_EVENTS.index  # per block, mean over the middle layers
+    gu = np.array([e[ev("gate/up done")] - e[ev("gate/up ready")] for e in mid]).mean(axis=0) / 1e3
+    dn = np.array([e[ev("down done")] - e[ev("down ready")] for e in mid]).mean(axis=0) / 1e3
     slow_multiprocessors(be, {"gate/up": gu, "down": dn, "lm head": lm})
     attention_units(be, t, traced)
     product_steps(be, traced)
