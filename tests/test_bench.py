@@ -73,6 +73,41 @@ def test_plot_has_a_series_per_backend_and_the_limit():
     assert [bar.get_height() for c in mbu_axis.containers for bar in c] == pytest.approx([75.0, 10.0])
 
 
+def test_gate_lets_a_backend_take_another_token_only_where_the_reference_tied():
+    """The numbers are those of `kog bench --context 4096` on Qwen2.5's random weights (session 22):
+    bf16 eager tied 108883 and 145716 at step 6, fp32 transformers put 145716 first, as kog did."""
+    from engine.benchmark import BackendRun, apply_gate
+
+    def run(backend, tokens, ties=()):
+        return BackendRun(backend=backend, model="m", synthetic=True, context=4096, generate=8, bytes_per_token=1,
+                          tokens=tokens, ties=[list(t) for t in ties])
+
+    same = [108883] * 6
+    eager = run("transformers-eager", same + [108883, 145716], ties=[[108883]] * 6 + [[108883, 145716], [145716]])
+    tied = run("kog-cuda", same + [145716, 9662])  # another tied token at step 6, then its own continuation
+    untied = run("transformers-graph", [108883, 108883, 104261] + same[:5])  # 104261 was not tied at step 2
+    short = run("kog-cpu", same)
+    apply_gate([eager, tied, untied, short])
+    assert eager.excluded is None and tied.excluded is None
+    assert "differ from transformers-eager" in untied.excluded and short.excluded
+    # without ties reported (a reference that has no logits on the host) every token must match
+    strict = run("kog-cuda", same + [145716, 9662])
+    apply_gate([run("transformers-eager", same + [108883, 145716]), strict])
+    assert strict.excluded
+
+
+def test_ties_are_two_steps_of_the_logits_precision():
+    import torch
+
+    from engine.benchmark import _ties
+
+    # bf16 near 8: steps of 2^3 * 2^-7 = 0.0625, so two steps below 8.5625 is 8.4375
+    logits = torch.tensor([8.5, 8.5625, 8.4375, 8.375, -9.0], dtype=torch.bfloat16)
+    assert _ties(logits) == [0, 1, 2]
+    # fp32 (the CPU peer): only what rounds to the maximum's own neighbourhood
+    assert _ties(torch.tensor([8.5, 8.5 - 1e-3, 8.5], dtype=torch.float32)) == [0, 2]
+
+
 def test_unknown_model():
     assert_one_line_error(kog("bench", "--quick", "--model", "llama-9b"), "unknown model 'llama-9b'")
 
