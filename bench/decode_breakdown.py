@@ -282,7 +282,7 @@ def ring_demand(be, t, layer: int) -> None:
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
     first = layer_event(layer, "qkv ready")
-    t0, t1 = t[first].max(), t[first + 8].min()  # every block records between these
+    t0, t1 = t[first].max(), t[layer_event(layer, "down done")].min()  # every block records between these
     if t1 <= t0:
         return
     keep = (stamps >= t0) & (stamps < t1)
