@@ -16,6 +16,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   after them paced,
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
   KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they fit);
+  KOG_DN_SPLIT=n cuts down's columns into n slices, each on its own group of blocks (1: unsplit,
+  every block gathers all of SiLU(gate)*up; by shape by default);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;
@@ -98,6 +100,8 @@ VARIANTS = {
     "stash-dn-2": {"KOG_STASH_DN": "2"},  # ... paced (the default)
     "stash-xs-0": {"KOG_STASH_XS": "0"},  # no extra gate/up granule in the input region's gaps
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
+    "dn-split-1": {"KOG_DN_SPLIT": "1"},  # down unsplit: every block gathers all of act (tagged)
+    **{f"dn-split-{n}": {"KOG_DN_SPLIT": str(n)} for n in (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)},  # down's column slices
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -110,15 +114,19 @@ VARIANTS = {
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
 # the events of one layer, in kernel order (greedy decoding), and what ends at each
-LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
-                "down ready", "down done")
+def layer_events(be) -> tuple[str, ...]:
+    """The events of one layer, in kernel order (greedy decoding), each named by what ends there;
+    where down is split by columns (kernels: DN_SPLIT) its partial sums are added after it."""
+    events = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
+              "down ready", "down done")
+    return events + ("down summed",) * (be.kernel_info["dn_split"] > 1)
 
 
-def layer_event(layer: int, name: str) -> int:
-    """The row of kog_trace where a layer passed an event: 'choose ready' comes first, then nine
-    events per layer, but for layer 0's 'qkv ready' (its input is the embedding row: 'choose
+def layer_event(events: tuple[str, ...], layer: int, name: str) -> int:
+    """The row of kog_trace where a layer passed an event: 'choose ready' comes first, then the
+    layer's events, but for layer 0's 'qkv ready' (its input is the embedding row: 'choose
     ready' stands for it)."""
-    return 9 * layer + LAYER_EVENTS.index(name)
+    return len(events) * layer + events.index(name)
 
 
 def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
@@ -149,12 +157,12 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     list(be.decode(SamplingParams(), prompt, TRACE_STEP + 8, set()))
     ptr = be.mod.get_global("kog_trace")
     t = cp.ndarray((TRACE_EV, be.nblk), cp.uint64, ptr).get().astype(np.int64)
-    # events: choose ready, then per layer: [qkv ready (layer > 0)], qkv done, attention done,
-    # o ready, o done, gate/up ready, gate/up done, down ready, down done; then lm ready/done
+    # events: choose ready, then per layer its events (layer 0 without 'qkv ready'); then lm ready/done
+    events = layer_events(be)
     first = 1  # after the choose wait
     per_layer = []
     for layer in range(layers):
-        n = 8 if layer == 0 else 9
+        n = len(events) - (layer == 0)
         ev = t[first : first + n]
         if layer > 0:
             per_layer.append(ev)
@@ -163,18 +171,18 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"  token {TRACE_STEP}: whole token {(t[first + 1].max() - t[0].max()) / 1e3:.1f} us "
           f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us); "
           f"per middle layer (mean of {len(mid)}):")
-    for a in range(len(LAYER_EVENTS) - 1):
+    for a in range(len(events) - 1):
         work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
         crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3
-        name = f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}"
+        name = f"{events[a]} -> {events[a + 1]}"
         print(f"    {name:32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
               f"critical path {crit.mean():6.2f} us")
-        if LAYER_EVENTS[a].endswith("ready") and LAYER_EVENTS[a + 1].endswith("done"):  # a matrix phase
+        if events[a].endswith("ready") and events[a + 1].endswith("done"):  # a matrix phase
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
-    layer0_done, last_done = t[layer_event(0, "down done")].max(), t[first - 1].max()
-    layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in LAYER_EVENTS[1:])
+    layer0_done, last_done = t[layer_event(events, 0, events[-1])].max(), t[first - 1].max()
+    layer0 = " ".join(f"{name} +{(t[layer_event(events, 0, name)].max() - t[0].max()) / 1e3:.2f}" for name in events[1:])
     print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
     print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
           f"layers 1-{layers - 1} {(last_done - layer0_done) / 1e3:.1f} us; last down done -> lm head ready "
@@ -184,7 +192,7 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
     slowest_blocks(lm[None, :], (t[first] - t[first].max())[None, :] / 1e3)
-    ev = LAYER_EVENTS.index  # per block, mean over the middle layers
+    ev = events.index  # per block, mean over the middle layers
     gu = np.array([e[ev("gate/up done")] - e[ev("gate/up ready")] for e in mid]).mean(axis=0) / 1e3
     dn = np.array([e[ev("down done")] - e[ev("down ready")] for e in mid]).mean(axis=0) / 1e3
     slow_multiprocessors(be, {"gate/up": gu, "down": dn, "lm head": lm})
@@ -231,7 +239,7 @@ def attention_units(be, t, layer: int) -> None:
 
     ptr = be.mod.get_global("kog_trace_att")
     a = cp.ndarray((be.nblk, 8), cp.uint64, ptr).get().astype(np.int64)
-    qkv_done = t[layer_event(layer, "qkv done")].max()
+    qkv_done = t[layer_event(layer_events(be), layer, "qkv done")].max()
     units = a[a[:, 0] > 0]
     rel = (units - qkv_done) / 1e3
     print(f"  attention block-units of layer {layer}: {len(units)}; stamps after the last 'qkv done' (median / max us):")
@@ -281,8 +289,9 @@ def ring_demand(be, t, layer: int) -> None:
     n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
-    first = layer_event(layer, "qkv ready")
-    t0, t1 = t[first].max(), t[layer_event(layer, "down done")].min()  # every block records between these
+    events = layer_events(be)
+    first = layer_event(events, layer, "qkv ready")
+    t0, t1 = t[first].max(), t[layer_event(events, layer, "down done")].min()  # every block records between these
     if t1 <= t0:
         return
     keep = (stamps >= t0) & (stamps < t1)
@@ -294,7 +303,7 @@ def ring_demand(be, t, layer: int) -> None:
     print(f"  refills issued in layer {layer} while every block ran it ({(t1 - t0) / 1e3:.1f} us): "
           f"{nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its last 'qkv ready':")
     print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
-    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
+    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(events))
     print(f"    its phases, last block (us): {phases}")
     recorded = stamps > 0  # every refill of the layer, each block's whole stretch of it
     which = pieces[recorded] >> 8

@@ -6,12 +6,13 @@
 // attention over the fp32 cache -> O + residual -> RMSNorm -> packed gate/up + SiLU ->
 // down + residual), final norm, LM head, and loop. The host launches it once per generation.
 //
-// Synchronisation: the short vectors that cross blocks inside a layer (x, q/k/v, attention
-// output, a short SiLU(gate)*up) travel as tagged 8-byte words (phase, value); a consumer
+// Synchronisation: the vectors that cross blocks inside a layer (x, q/k/v, attention output,
+// SiLU(gate)*up, down's partial sums) travel as tagged 8-byte words (phase, value); a consumer
 // spins on exactly the words it reads until they carry the phase it expects -- the data is its
-// own flag: one round trip, no fences. A long SiLU(gate)*up (polling it would flood L2) and
-// token boundaries (LM head -> token choice) use per-block epoch flags (release store /
-// acquire poll). Phase numbers only grow during a launch, so nothing is reset mid-run.
+// own flag: one round trip, no fences. Where SiLU(gate)*up is long, down is split by columns, so
+// that a block reads only a slice of it (decode_common.cuh DN_SPLIT). Token boundaries (LM head
+// -> token choice) use per-block epoch flags (release store / acquire poll). Phase numbers only
+// grow during a launch, so nothing is reset mid-run.
 // Weights stream through a per-warp shared-memory ring (decode_ring.cuh) that runs
 // ahead across phases: they do not depend on activations, so HBM keeps streaming into a
 // phase's wait for its input, as far as the ring reaches (~3 us of HBM time); on the big shapes
@@ -47,6 +48,33 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
         xown[r] += mv_result<M>(red, r);
         kog_st_tagged(c.P->x + r0 + r, xown[r], c.epoch + 1);
     }
+}
+
+// DN_SPLIT > 1: the block's rows of the residual stream += down's partial sums, one per column
+// slice (each slice's group publishes its rows'), added in slice order: the result does not
+// depend on timing. A thread a word (few registers: the kernel is at its cap; grids of fewer
+// blocks have more rows a block, and a thread several words), summed through shared memory.
+static_assert(DN_SPLIT * MO::MAXR <= MV_RED, "the partial sums fit the products' sums region");
+__device__ bool add_down_parts(const Ctx& c, float* xown, float* red) {
+    const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
+    bool ok = true;
+    for (int i = c.tid; i < DN_SPLIT * MO::MAXR; i += NTHR) {
+        const int k = i / MO::MAXR, r = i - k * MO::MAXR;
+        if (r < nr) {
+            float v[1];
+            ok &= gather_tagged_strided<1, 1>(c, v, c.P->dpart + k * H + r0 + r, c.epoch);
+            red[i] = v[0];
+        }
+    }
+    if (!__syncthreads_and(ok)) return false;
+    for (int r = c.tid; r < nr; r += NTHR) {
+        float s = red[r];
+#pragma unroll
+        for (int k = 1; k < DN_SPLIT; ++k) s += red[k * MO::MAXR + r];
+        xown[r] += s;
+        kog_st_tagged(c.P->x + r0 + r, xown[r], c.epoch + 1);
+    }
+    return true;
 }
 
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
@@ -116,30 +144,33 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             for (int j = c.tid; j < np; j += NTHR) {
                 const float gt = mv_result<MGU>(red, 2 * j), up = mv_result<MGU>(red, 2 * j + 1);
                 const float a = gt / (1.0f + expf(-gt)) * up;
-                if (ACT_TAGGED) kog_st_tagged(P->act + r0 / 2 + j, a, c.epoch + 1);
-                else reinterpret_cast<float*>(P->act)[r0 / 2 + j] = a;
+                kog_st_tagged(P->act + r0 / 2 + j, a, c.epoch + 1);
             }
             trace_mv(c, MAT_GU, 5);
         }
-        if (ACT_TAGGED) end_phase(c);
-        else arrive(c);
+        end_phase(c);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
-        if (ACT_TAGGED) {
-            if (!stage_copy<INTER>(c, xs, P->act, c.epoch)) return false;
-            trace_event(c);
-        } else {
-            if (!wait_all(c, c.epoch)) return false;
-            stage_copy_plain<INTER>(c, xs, reinterpret_cast<const float*>(P->act));
-        }
+        if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_DN, 4);
-            add_to_residual<MDN>(c, red, xown);
+            if (DN_SPLIT == 1) {
+                add_to_residual<MDN>(c, red, xown);
+            } else {
+                const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
+                kog_u64* part = P->dpart + MDN::group(b) * H + r0;
+                for (int r = c.tid; r < nr; r += NTHR) kog_st_tagged(part + r, mv_result<MDN>(red, r), c.epoch + 1);
+            }
             trace_mv(c, MAT_DN, 5);
         }
         end_phase(c);
+        if (DN_SPLIT > 1) {
+            if (!add_down_parts(c, xown, red)) return false;
+            end_phase(c);
+        }
     }
     // --- final norm + LM head (+ per-block argmax / sampling keys)
     int cancel = 0;
@@ -317,5 +348,6 @@ extern "C" __global__ void kog_info(long long* out) {
         out[11] = MAXCH;
         out[12] = FLAGS;
         out[13] = MAXSTOP;
+        out[14] = DN_SPLIT;
     }
 }

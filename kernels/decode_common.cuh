@@ -33,14 +33,17 @@
 #ifndef KOG_STASH_ATT  // timing experiments: where a block that ran the attention stashes gate/up (STASH_ATT below)
 #define KOG_STASH_ATT 2
 #endif
-#ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below)
-#define KOG_STASH_DN 2
+#ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below; -1: by shape)
+#define KOG_STASH_DN -1
 #endif
 #ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps, where they fit (-1: by shape)
 #define KOG_STASH_XS -1
 #endif
 #ifndef KOG_STASH_PACE  // timing experiments: a stashing warp's granules in flight at most (STASH_PACE below)
 #define KOG_STASH_PACE 1
+#endif
+#ifndef KOG_DN_SPLIT  // timing experiments: DN_SPLIT below forced to this (-1: by shape; 1: down unsplit)
+#define KOG_DN_SPLIT -1
 #endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
@@ -106,9 +109,25 @@ constexpr int ATT_STAGES = ATT_TILES + 2 * TBR * TILE_F <= ATT_BUDGET2 ? 2 : 1;
 static_assert(NH % NKV == 0, "query heads must be a multiple of kv heads");
 static_assert(D % 64 == 0 && D <= 256, "head_dim must be 64, 128, 192 or 256");
 static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multiples of 8");
-// A long SiLU(gate)*up vector goes behind the flags instead: 132 blocks polling 64 KB of tagged
-// words each flood L2 (Llama shape: 5.5 us per layer tagged, 1.8 us flagged; SmolLM2: 0.8 vs 2.2).
-constexpr bool ACT_TAGGED = INTER <= 4096;
+// Down split by columns. SiLU(gate)*up crosses blocks as tagged words; where it is too long for
+// every block to gather (INTER > 4096: all of a long act, tagged, flooded L2 -- Llama: 5.5 us a
+// layer), down's columns are cut into DN_SPLIT slices of at most H columns, and each
+// slice goes to its own group of blocks, which split down's rows among them. A block then gathers
+// only its slice of act (no more words than the x it gathers for each norm), and publishes
+// partial sums of its rows, which the residual's owners add in a fixed order: one small hop more.
+// Measured (PERF.md session 23) against act behind per-block flags and copied whole (v29): Llama
+// +3.0% (4 slices; 16 slices -2%), Qwen2.5 +3.6% (7; 10 +2%, 5 -2%), Qwen3 0 (3; 4 -3%); SmolLM2,
+// whose whole act is one cheap tagged hop, -8% with 3 slices. Down's weights are laid out
+// per slice: [DN_SPLIT][H][INTER / DN_SPLIT]. A shape without such a split (INTER / 8 with no
+// divisor up to 32 that fits) keeps act whole: correct, and slow.
+__host__ __device__ constexpr int dn_split_of(int inter, int h) {  // fewest slices of at most h columns, whole 16-byte vectors
+    for (int n = 1; n <= 32; ++n)
+        if (inter / 8 % n == 0 && inter / n <= h) return n;
+    return 1;
+}
+constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT : INTER <= 4096 ? 1 : dn_split_of(INTER, H);
+constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
+static_assert(DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");
@@ -153,7 +172,8 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     kog_u64* qkv;
     kog_u64* attn;
     kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][D + 2]
-    kog_u64* act;   // SiLU(gate)*up: tagged words, or (ACT_TAGGED false) plain floats behind the flags
+    kog_u64* act;   // SiLU(gate)*up (tagged)
+    kog_u64* dpart;  // DN_SPLIT > 1: down's partial sums (tagged), [DN_SPLIT][H]
     float* logits;
     unsigned* keys;
     unsigned short* bins;
@@ -192,15 +212,17 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     return kv < 64 ? (kv + 31) / 32 : best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-template <int K, int NROWS, int RU>
-struct Mv {
+template <int K, int NROWS, int RU, int GROUPS = 1>
+struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks
     static constexpr int KV = K / 8;  // 16-byte vectors per row
     static constexpr int U = pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
     static constexpr int NUNITS = NROWS / RU;
-    static constexpr int MAXR = (NUNITS + NBLK - 1) / NBLK * RU;
+    static constexpr int NB_LO = NBLK / GROUPS, NB_HI = (NBLK + GROUPS - 1) / GROUPS;  // blocks of a group
+    static_assert(NB_LO >= 1, "a block for every column slice");
+    static constexpr int MAXR = (NUNITS + NB_LO - 1) / NB_LO * RU;
     // Where a warp takes at most four granules (SmolLM2's four layer products, QKV and O on the
     // big shapes but Qwen3's QKV), each lane leaves its partial sum in shared memory and the
     // block's sum adds the 32 of a granule: a granule's dependency chain then ends at its dot
@@ -209,18 +231,31 @@ struct Mv {
     // stream many granules a warp, and their shuffles hide behind the weight stream.
     static constexpr bool LANE_SUMS = MAXR * NSEG <= KOG_LANE_SUMS * NW;
     static constexpr int RED = MAXR * NSEG * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
-    __device__ static int row0(int b) { return (int)(((long long)b * NUNITS) / NBLK) * RU; }
+    // Block b's group (its column slice) holds blocks first(k) .. first(k + 1) - 1.
+    __device__ static int group(int b) { return GROUPS == 1 ? 0 : b * GROUPS / NBLK; }
+    __device__ static int first(int k) { return (k * NBLK + GROUPS - 1) / GROUPS; }
+    // block b's rows: row0(b) .. row1(b) - 1 of its group's NROWS
+    __device__ static int row_at(int b, int end) {
+        if (GROUPS == 1) return (int)(((long long)(b + end) * NUNITS) / NBLK) * RU;
+        const int k = group(b), j = b - first(k) + end;
+        return (first(k + 1) - first(k) == NB_LO ? j * NUNITS / NB_LO : j * NUNITS / NB_HI) * RU;  // constant divisors
+    }
+    __device__ static int row0(int b) { return row_at(b, 0); }
+    __device__ static int row1(int b) { return row_at(b, 1); }
+    __device__ static long long tile_at(int b) { return ((long long)group(b) * NROWS + row0(b)) * K; }  // elements
 };
 using MQKV = Mv<H, NQKV, 1>;
 using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2>;
-using MDN = Mv<INTER, H, 1>;
+using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
 using MLM = Mv<H, VOCAB, 1>;
 
 // The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
+// Sized for all of SiLU(gate)*up, though a split down reads only DN_K of it: the rest is room
+// (STASH_XS takes some of it; PERF.md Next).
 constexpr int MV_X = cmax(cmax(H, QD), INTER);  // a multiple of 8: the sums after it start on 16 bytes
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
@@ -245,11 +280,11 @@ __device__ __forceinline__ float4 xs_hi(const float* xs, int col) {  // inputs 8
 
 template <class M>
 __device__ __forceinline__ const uint4* mv_tile(const unsigned short* w, long long off, int b) {
-    return reinterpret_cast<const uint4*>(w + off + (long long)M::row0(b) * (M::KV * 8));
+    return reinterpret_cast<const uint4*>(w + off + M::tile_at(b));
 }
 template <class M>
 __device__ __forceinline__ int mv_ngran(int b) {
-    return (M::row0(b + 1) - M::row0(b)) * M::NSEG;
+    return (M::row1(b) - M::row0(b)) * M::NSEG;
 }
 template <class M>
 __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r of the block, fixed order
@@ -307,7 +342,8 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 // land there after down). Where a block's share of a layer fits the ring (SmolLM2) the ring
 // already runs a layer ahead: no stash. STASH_ATT: a block with attention work stashes gate/up 0
 // never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
-// 1 at once, 2 paced.
+// 1 at once, 2 paced: paced, but none where G x D reaches 512 (Qwen2.5: +1% without it since
+// down is split, Llama -0.5%; a measured split, like ATT_RMAX's).
 // Three granules per warp, or as many as fit beside the ring (grids of fewer blocks have larger
 // shares and inputs: the stash shrinks there, down to none).
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
@@ -315,7 +351,7 @@ constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(3, STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT;
-constexpr int STASH_DN = KOG_STASH_DN;
+constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
 // input region, up to MV_X (sized for down's input): where they hold a 2 KB slot for every warp,

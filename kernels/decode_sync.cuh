@@ -251,16 +251,16 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
     return true;
 }
 
-// One lane: n values at src[lane + 32 i] once they carry `tag`.
-template <int n>
-__device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+// One thread: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together).
+template <int n, int STRIDE>
+__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
     unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
     for (int it = 1; pending; ++it) {
         kog_u64 w[n];
 #pragma unroll
         for (int i = 0; i < n; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + c.lane + KOG_WAVE * i);
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + STRIDE * i);
 #pragma unroll
         for (int i = 0; i < n; ++i)
             if (((pending >> i) & 1u) && tag_ready(w[i], tag)) {
@@ -270,6 +270,12 @@ __device__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* s
         if (pending && !poll_again(c, it, t0, tag)) return false;
     }
     return true;
+}
+
+// One lane: n values at src[lane + 32 i] once they carry `tag`.
+template <int n>
+__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+    return gather_tagged_strided<n, KOG_WAVE>(c, v, src + c.lane, tag);
 }
 
 // RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory
@@ -307,23 +313,6 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
                 make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
     __syncthreads();
     return true;
-}
-
-// N floats behind the flags (wait_all first) into shared memory (split layout), every load in flight at once.
-template <int N>
-__device__ void stage_copy_plain(const Ctx& c, float* xs, const float* src) {
-    constexpr int N4 = N / 4, NV = (N4 + NTHR - 1) / NTHR;
-    float4 v[NV];
-#pragma unroll
-    for (int k = 0; k < NV; ++k)
-        if (c.tid + k * NTHR < N4) v[k] = kog_ldcg_f4(reinterpret_cast<const float4*>(src) + c.tid + k * NTHR);
-    // keeps every load above the stores: without it ptxas paired each load with its store on the
-    // Llama shape (registers at the cap), six L2 round trips one after another (PERF.md session 14)
-    kog_wave_sync();
-#pragma unroll
-    for (int k = 0; k < NV; ++k)
-        if (c.tid + k * NTHR < N4) *reinterpret_cast<float4*>(xs + xs_index(4 * (c.tid + k * NTHR))) = v[k];
-    __syncthreads();
 }
 
 // A tagged N-vector into shared memory (split layout).

@@ -111,7 +111,6 @@ __device__ __forceinline__ kog_u64 kog_clock_ns() {
 // loads to the compiler, so several can be in flight at once; they cannot move above an
 // acquire fence or a barrier, which are compiler memory barriers.
 __device__ __forceinline__ float kog_ldcg(const float* p) { return __ldcg(p); }
-__device__ __forceinline__ float4 kog_ldcg_f4(const float4* p) { return __ldcg(p); }
 __device__ __forceinline__ unsigned kog_ldcg_u32(const unsigned* p) { return __ldcg(p); }
 __device__ __forceinline__ int kog_ldcg_s32(const int* p) { return __ldcg(p); }
 __device__ __forceinline__ kog_u64 kog_ldcg_u64(const kog_u64* p) { return __ldcg(p); }

@@ -1,9 +1,10 @@
 """The CUDA backend: a batched prefill (kernels/prefill.cu) and the decode monokernel (kernels/decode.cu).
 
 Load time does all the offline work once: weights go to the GPU in bf16 in the layouts the
-kernel streams (per layer: packed Q/K/V rows, O, gate/up rows interleaved, down; then the
-embedding and an untied LM head), the small fp32 vectors (norm weights, QKV bias) beside
-them, RoPE tables for every position, and an fp32 KV cache of `max_context` positions.
+kernel streams (per layer: packed Q/K/V rows, O, gate/up rows interleaved, down in the kernel's
+column slices; then the embedding and an untied LM head), the small fp32 vectors (norm weights,
+QKV bias) beside them, RoPE tables for every position, and an fp32 KV cache of `max_context`
+positions.
 
 `prefill` (engine/backends/cuda_prefill.py) runs the prompt with fp32 activations through
 tensor-core products of split-bf16 terms and fused kernels: the CPU reference's math to within
@@ -45,7 +46,7 @@ _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DE
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
-    "w ws kc vc rcos rsin x qkv attn part act logits keys bins hist_cnt hist_mass slot_val slot_idx "
+    "w ws kc vc rcos rsin x qkv attn part act dpart logits keys bins hist_cnt hist_mass slot_val slot_idx "
     "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
@@ -217,7 +218,7 @@ class CudaBackend(Backend):
             "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
-            "flags": int(info[12]), "max_stop": int(info[13]),
+            "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
         }
         self.smem = self.kernel_info["smem"]
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
@@ -272,7 +273,9 @@ class CudaBackend(Backend):
                 tmp = cp.empty(inter * H, dtype=cp.uint16)
                 self._bf16(w[p + f"mlp.{n}_proj.weight"], tmp)
                 gu[:, j, :] = tmp.reshape(inter, H)
-            t = w[p + "mlp.down_proj.weight"]
+            # down as its column slices, each [H][inter / dn_split] (kernels: DN_SPLIT)
+            split = self.kernel_info["dn_split"]
+            t = w[p + "mlp.down_proj.weight"].reshape(H, split, inter // split).transpose(1, 0, 2)
             self._bf16(t, self.w[base + lay.off_dn : base + lay.off_dn + t.size])
             s = i * lay.sstride
             ws[s + lay.s_attn_norm : s + lay.s_attn_norm + H] = w[p + "input_layernorm.weight"]
@@ -308,7 +311,8 @@ class CudaBackend(Backend):
         tagged = lambda n: cp.zeros(n, dtype=cp.uint64)  # noqa: E731
         self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
         self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
-        self.act = tagged(c.intermediate_size)  # or plain fp32 in its first half (kernel: ACT_TAGGED)
+        self.act = tagged(c.intermediate_size)
+        self.dpart = tagged(self.kernel_info["dn_split"] * c.hidden_size)
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
@@ -437,7 +441,7 @@ class CudaBackend(Backend):
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
             for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x, self.qkv, self.attn,
-                      self.part, self.act):
+                      self.part, self.act, self.dpart):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0

@@ -79,13 +79,14 @@ class CudaPrefill:
             part = tokens[c0 : c0 + CHUNK]
             self._chunk(handle, part, start + c0, last=c0 + len(part) == len(tokens))
 
-    def _gemm(self, handle, xs, rows: int, k: int, w: int, nout: int, out) -> None:
-        """out [3 rows, nout] fp32 = xs [3 rows, k] bf16 @ W [nout, k]^T; cuBLAS is column-major,
-        so this is out^T = W^T(k x nout, transposed) x xs^T."""
+    def _gemm(self, handle, xs, rows: int, k: int, w: int, nout: int, out, *, col0: int = 0, ldx: int = 0,
+              accumulate: bool = False) -> None:
+        """out [3 rows, nout] fp32 (+)= xs [3 rows, col0 : col0 + k] bf16 @ W [nout, k]^T (xs rows `ldx`
+        long, default k); cuBLAS is column-major, so this is out^T = W^T(k x nout, transposed) x xs^T."""
         self.cublas.gemmEx(
             handle, _OP_T, _OP_N, nout, 3 * rows, k,
-            _ONE.ctypes.data, w, _R_16BF, k, xs.data.ptr, _R_16BF, k,
-            _ZERO.ctypes.data, out.data.ptr, _R_32F, nout, _COMPUTE_32F, _GEMM_DEFAULT,
+            _ONE.ctypes.data, w, _R_16BF, k, xs.data.ptr + 2 * col0, _R_16BF, ldx or k,
+            (_ONE if accumulate else _ZERO).ctypes.data, out.data.ptr, _R_32F, nout, _COMPUTE_32F, _GEMM_DEFAULT,
         )
 
     def _chunk(self, handle, tokens: list[int], start: int, last: bool) -> None:
@@ -105,6 +106,8 @@ class CudaPrefill:
         qkv_grid = ((nh + 2 * nkv + QKV_WAVES - 1) // QKV_WAVES, n)
         attn_grid = (nh, (n + ATTN_ROWS - 1) // ATTN_ROWS)
         silu_blocks = int(min((n * inter + 255) // 256, 16 * be.nblk))
+        split = be.kernel_info["dn_split"]
+        dk = inter // split
         prev = _NULL  # the product to add to x before the next norm: none before layer 0
         for L in self.layers:
             rms(prev, L["attn_norm"])
@@ -119,7 +122,9 @@ class CudaPrefill:
             rms(prod, L["mlp_norm"])
             self._gemm(handle, xs, n, H, L["wgu"], 2 * inter, prod)
             self.k_silu((silu_blocks,), (256,), (prod, xs, i32(n), i32(inter)), stream=stream)
-            self._gemm(handle, xs, n, inter, L["wdn"], H, prod)
+            for j in range(split):  # down's column slices (the decode kernel's layout), summed
+                self._gemm(handle, xs, n, dk, L["wdn"] + 2 * j * H * dk, H, prod, col0=j * dk, ldx=inter,
+                           accumulate=j > 0)
             prev = prod
         if last:  # the down product of the last row, the final norm, the LM head
             self.k_rms((1,), (256,), (prod, x, self.final_norm, xs, self.last, i32(n), i32(H), i32(n - 1), self.eps),
