@@ -119,15 +119,18 @@ static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multipl
 // +3.0% (4 slices; 16 slices -2%), Qwen2.5 +3.6% (7; 10 +2%, 5 -2%), Qwen3 0 (3; 4 -3%); SmolLM2,
 // whose whole act is one cheap tagged hop, -8% with 3 slices. Down's weights are laid out
 // per slice: [DN_SPLIT][H][INTER / DN_SPLIT]. A shape without such a split (INTER / 8 with no
-// divisor up to 32 that fits) keeps act whole: correct, and slow.
-__host__ __device__ constexpr int dn_split_of(int inter, int h) {  // fewest slices of at most h columns, whole 16-byte vectors
+// divisor up to 32 that fits) takes the fewest slices a block can gather (Tagged: 64 words a
+// thread at most): correct, and slower.
+__host__ __device__ constexpr int dn_split_of(int inter, int most) {  // fewest slices of at most `most` columns, whole 16-byte vectors
     for (int n = 1; n <= 32; ++n)
-        if (inter / 8 % n == 0 && inter / n <= h) return n;
-    return 1;
+        if (inter / 8 % n == 0 && inter / n <= most) return n;
+    return 0;
 }
-constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT : INTER <= 4096 ? 1 : dn_split_of(INTER, H);
+constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT
+                       : INTER <= 4096 ? 1
+                       : dn_split_of(INTER, H) ? dn_split_of(INTER, H) : dn_split_of(INTER, 64 * NTHR);
 constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
-static_assert(DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
+static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");
