@@ -113,7 +113,8 @@ VARIANTS = {
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
-# the events of one layer, in kernel order (greedy decoding), and what ends at each
+
+
 def layer_events(be) -> tuple[str, ...]:
     """The events of one layer, in kernel order (greedy decoding), each named by what ends there;
     where down is split by columns (kernels: DN_SPLIT) its partial sums are added after it."""
