@@ -121,6 +121,27 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
     return ok;
 }
 
+// One record of a head into o, weighted by exp(its max - Mx), from its words as loaded (x: the
+// values a lane reads, wm: the max); a record loaded before it was published is gathered again.
+__device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, kog_u64 wm, const kog_u64 (&x)[DL],
+                                             unsigned tag, float Mx, float (&o)[DL]) {
+    float v[DL];
+    bool fresh = tag_ready(wm, tag), ok = true;
+#pragma unroll
+    for (int i = 0; i < DL; ++i) {
+        fresh &= tag_ready(x[i], tag);
+        v[i] = kog_value_of(x[i]);
+    }
+    if (!kog_wave_all(fresh)) {
+        wm = kog_ld_tagged(rec + D);
+        ok = settle_tagged(c, wm, rec + D, tag) && gather_tagged_lane<DL>(c, v, rec, tag);
+    }
+    const float wt = expf(kog_value_of(wm) - Mx);
+#pragma unroll
+    for (int i = 0; i < DL; ++i) o[i] = fmaf(wt, v[i], o[i]);
+    return ok;
+}
+
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
 // heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
@@ -138,7 +159,16 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (merging && jlo < jhi) {  // (the head's first warp always has records)
+    if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
+        // so that its copy does not wait behind the ring's refills in flight (cp.async groups complete in order)
+        const kog_u64* rec = pr0 + jlo * CS;
+        kog_u64 x[DL];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
+        const kog_u64 wm = kog_ld_tagged(rec + D);
+        ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the record's loads fly
+        ok &= merge_record(c, rec, wm, x, tag, Mx, o);
+    } else if (merging && jlo < jhi) {  // (the head's first warp always has records)
         for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
             const int m = min(MERGE_CHW, jhi - jb);
             for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
@@ -149,23 +179,10 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
             kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
             kog_wave_sync();
             for (int k = 0; k < m; ++k) {
-                const kog_u64* rec = pr0 + (jb + k) * CS;
-                kog_u64 wm = stage[k * RS + D];
-                float v[DL];
-                bool fresh = tag_ready(wm, tag);
+                kog_u64 x[DL];
 #pragma unroll
-                for (int i = 0; i < DL; ++i) {
-                    const kog_u64 x = stage[k * RS + lane + 32 * i];
-                    fresh &= tag_ready(x, tag);
-                    v[i] = kog_value_of(x);
-                }
-                if (!kog_wave_all(fresh)) {  // copied before it was published
-                    wm = kog_ld_tagged(rec + D);
-                    ok &= settle_tagged(c, wm, rec + D, tag) && gather_tagged_lane<DL>(c, v, rec, tag);
-                }
-                const float wt = expf(kog_value_of(wm) - Mx);
-#pragma unroll
-                for (int i = 0; i < DL; ++i) o[i] = fmaf(wt, v[i], o[i]);
+                for (int i = 0; i < DL; ++i) x[i] = stage[k * RS + lane + 32 * i];
+                ok &= merge_record(c, pr0 + (jb + k) * CS, stage[k * RS + D], x, tag, Mx, o);
             }
             kog_wave_sync();  // the stage is refilled next round
         }
