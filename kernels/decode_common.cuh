@@ -257,9 +257,11 @@ using MLM = Mv<H, VOCAB, 1>;
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
-// Sized for all of SiLU(gate)*up, though a split down reads only DN_K of it: the rest is room
-// (STASH_XS takes some of it; PERF.md Next).
-constexpr int MV_X = cmax(cmax(H, QD), INTER);  // a multiple of 8: the sums after it start on 16 bytes
+// Sized for the longest input, a split down's DN_K columns of SiLU(gate)*up; where gate/up's extra
+// stash granule is wanted (STASH_XS: it lives in the gaps O's and gate/up's inputs leave), for all
+// of SiLU(gate)*up. The room a short region frees goes to the stash (STASH_FIT).
+constexpr bool XS_WANTED = KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512);
+constexpr int MV_X = cmax(cmax(H, QD), XS_WANTED ? INTER : DN_K);  // a multiple of 8: the sums after it start on 16 bytes
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
     return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
@@ -347,17 +349,17 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 // never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
 // 1 at once, 2 paced: paced, but none where G x D reaches 512 (Qwen2.5: +1% without it since
 // down is split, Llama -0.5%; a measured split, like ATT_RMAX's).
-// Three granules per warp, or as many as fit beside the ring (grids of fewer blocks have larger
+// Four granules per warp, or as many as fit beside the ring (grids of fewer blocks have larger
 // shares and inputs: the stash shrinks there, down to none).
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
-constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(3, STASH_FIT);
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(4, STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
-// input region, up to MV_X (sized for down's input): where they hold a 2 KB slot for every warp,
+// input region, up to MV_X (sized for all of SiLU(gate)*up where it is wanted): where they hold a 2 KB slot for every warp,
 // gate/up's stash may take one granule more per warp there (STASH_XS). Measured (PERF.md session
 // 19): Llama +0.6%, Qwen2.5 -0.7% (whose gaps fit too); G x D < 512 tells the two apart, a
 // measured split like ATT_RMAX's, not an understood one.
@@ -366,7 +368,7 @@ constexpr int XS_GAP0 = (cmax(H, QD) / 2 + XS_SLOT_F - 1) / XS_SLOT_F * XS_SLOT_
 constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the first half's gap
 constexpr int XS_GAP_B = (MV_X - XHALF - XS_GAP0) / XS_SLOT_F;  // ... the second half's
 constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
-constexpr int STASH_XS = STASH && XS_FITS && (KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512)) ? 1 : 0;
+constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
 constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
