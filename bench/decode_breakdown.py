@@ -15,7 +15,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
   after them paced,
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
-  KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they fit);
+  KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they
+  fit); it also sizes that region (0: for down's column slice, whose room may add a stash granule);
   KOG_DN_SPLIT=n cuts down's columns into n slices, each on its own group of blocks (1: unsplit,
   every block gathers all of SiLU(gate)*up; by shape by default);
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
@@ -90,7 +91,7 @@ VARIANTS = {
     "stash-3": {"KOG_STASH": "3"},
     "stash-4": {"KOG_STASH": "4"},  # (with ring-3: 96 KB of stash beside a 72 KB ring)
     "stash-pace-2": {"KOG_STASH_PACE": "2"},  # a paced stashing warp keeps two granules in flight
-    "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three (unpaced where the stash is three)
+    "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three
     "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing
     "stash-att-1": {"KOG_STASH_ATT": "1"},  # ... stash gate/up right after the attention
     "stash-att-2": {"KOG_STASH_ATT": "2"},  # ... after their O rows (the default)

@@ -94,8 +94,9 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
 // 128 values per head) is then spread over up to gh blocks and NW warps each; with one warp per
 // head it took ~17-20 us a layer (PERF.md session 20). A warp's records, each with its max and
 // sum, are copied into its part of the K/V tiles' region (free once the tiles are done),
-// MERGE_CHW per round trip, issued before the maxima are settled: records published long ago
-// then cost one round trip, and a record copied before it was published is gathered again.
+// MERGE_CHW per round trip (a warp with one record: straight into registers), issued before the
+// maxima are settled: records published long ago then cost one round trip, and a record copied
+// before it was published is gathered again.
 constexpr int MERGE_WORDS = ATT_STAGES * TBR * TILE_F / 2;  // 8-byte words of the stages
 constexpr int MERGE_CHW = cmin(KOG_WAVE, MERGE_WORDS / (NW * (D + 2)));  // records per copy round of a warp
 static_assert(MERGE_CHW >= 1, "room to stage the attention records");

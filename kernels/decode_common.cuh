@@ -257,11 +257,12 @@ using MLM = Mv<H, VOCAB, 1>;
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
 // inputs of 32 consecutive weight vectors then reads consecutive 16-byte words (no bank
 // conflicts; interleaved, every such read took two passes).
-// Sized for the longest input, a split down's DN_K columns of SiLU(gate)*up; where gate/up's extra
-// stash granule is wanted (STASH_XS: it lives in the gaps O's and gate/up's inputs leave), for all
-// of SiLU(gate)*up. The room a short region frees goes to the stash (STASH_FIT).
+// Sized for the longest input (H, QD, or down's DN_K columns of SiLU(gate)*up); where gate/up's
+// extra stash granule is wanted (STASH_XS: it lives in the gaps O's and gate/up's inputs leave), for
+// all of SiLU(gate)*up. The room a short region frees goes to the stash (STASH_FIT).
 constexpr bool XS_WANTED = KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512);
 constexpr int MV_X = cmax(cmax(H, QD), XS_WANTED ? INTER : DN_K);  // a multiple of 8: the sums after it start on 16 bytes
+static_assert(cmax(cmax(H, QD), DN_K) <= MV_X && MV_X % 8 == 0, "every product's input fits the input region");
 constexpr int XHALF = MV_X / 2;
 __device__ __forceinline__ int xs_index(int e) {  // where element e lives (e % 4 == 0 or 2: a float4 / float2 store)
     return (e & 4 ? XHALF : 0) + (e >> 3) * 4 + (e & 3);
@@ -359,10 +360,11 @@ constexpr int STASH_ATT = KOG_STASH_ATT;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
-// input region, up to MV_X (sized for all of SiLU(gate)*up where it is wanted): where they hold a 2 KB slot for every warp,
-// gate/up's stash may take one granule more per warp there (STASH_XS). Measured (PERF.md session
-// 19): Llama +0.6%, Qwen2.5 -0.7% (whose gaps fit too); G x D < 512 tells the two apart, a
-// measured split like ATT_RMAX's, not an understood one.
+// input region, up to MV_X (sized for all of SiLU(gate)*up where the granule is wanted): where they
+// hold a 2 KB slot for every warp, gate/up's stash may take one granule more per warp there
+// (STASH_XS). Measured (PERF.md session 19): Llama +0.6%, Qwen2.5 -0.7% (whose gaps fitted then); G x D
+// < 512 tells the two apart, a measured split like ATT_RMAX's, not an understood one. Since v32 the
+// same rule sizes the region, so Qwen2.5's has no gaps (its room went to a 4th stash granule).
 constexpr int XS_SLOT_F = SLOT * 4;  // floats of a slot
 constexpr int XS_GAP0 = (cmax(H, QD) / 2 + XS_SLOT_F - 1) / XS_SLOT_F * XS_SLOT_F;  // first free float of the first half
 constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the first half's gap
