@@ -103,6 +103,7 @@ VARIANTS = {
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
     "dn-split-1": {"KOG_DN_SPLIT": "1"},  # down unsplit: every block gathers all of act (tagged)
     **{f"dn-split-{n}": {"KOG_DN_SPLIT": str(n)} for n in (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)},  # down's column slices
+    **{f"grid-{n}": {"KOG_NBLK": str(n)} for n in (33, 44, 66, 88, 100, 114, 120)},  # blocks (fewer than SMs)
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -111,6 +112,9 @@ VARIANTS = {
     "hold-dn": {"KOG_HOLD": "8"},
     "hold": {"KOG_HOLD": "14"},
     "hold-all": {"KOG_HOLD": "15"},
+    "hold-o-gu": {"KOG_HOLD": "6"},
+    "hold-o-dn": {"KOG_HOLD": "10"},
+    "hold-gu-dn": {"KOG_HOLD": "12"},
 }
 TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV

@@ -144,7 +144,8 @@ class CudaBackend(Backend):
         props = cp.cuda.runtime.getDeviceProperties(self.device.id)
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.arch = f"{props['major']}{props['minor']}"
-        self.nblk = int(props["multiProcessorCount"])
+        # one block per multiprocessor; KOG_NBLK in `defines` runs a smaller grid (experiments)
+        self.nblk = int(self._extra_defines.get("KOG_NBLK", props["multiProcessorCount"]))
         w = model.weights
         self.tied = "lm_head.weight" not in w
         self.lay = lay = Layout(c, self.tied)
