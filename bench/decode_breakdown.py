@@ -362,6 +362,11 @@ def check_label(label: str, versions: dict[str, Path]) -> str | None:
         return f"unknown variant or version {unknown[0]!r} (variants: {', '.join(VARIANTS)})"
     if sum(p in versions for p in parts) > 1:
         return f"{label!r} names two versions"
+    seen: dict[str, str] = {}
+    for p in parts:
+        for macro, value in VARIANTS.get(p, {}).items():
+            if seen.setdefault(macro, value) != value:  # the later part would silently win
+                return f"{label!r} sets {macro} twice (variants of one knob do not combine)"
     return None
 
 
