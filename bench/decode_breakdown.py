@@ -22,12 +22,13 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;
+  KOG_NBLK=n runs a grid of n blocks instead of one per multiprocessor;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
   call, so compare versions only side by side (and a version may read ~0.5% under the tree's own
-  build of the same kernels: PERF.md session 15); "a+b" combines variants a and b, and a version
-  with variants (baseline+no-weight-loads: the baseline without loads). Make one with
+  build of the same kernels: PERF.md session 15); "a+b" combines variants a and b (of different
+  knobs), and a version with variants (baseline+no-weight-loads: the baseline without loads). Make one with
   `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git ignores .bench:
   carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
