@@ -121,19 +121,16 @@ TRACE_STEP = 64  # kernels/decode.cu: the traced token (KOG_TRACE)
 TRACE_EV = 1024  # kernels/decode.cu: TRACE_EV
 
 
-def layer_events(be) -> tuple[str, ...]:
-    """The events of one layer, in kernel order (greedy decoding), each named by what ends there;
-    where down is split by columns (kernels: DN_SPLIT) its partial sums are added after it."""
-    events = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
-              "down ready", "down done")
-    return events + ("down summed",) * (be.kernel_info["dn_split"] > 1)
+# The events of one layer, in kernel order (greedy decoding), each named by what ends there.
+LAYER_EVENTS = ("qkv ready", "qkv done", "attention done", "o ready", "o done", "gate/up ready", "gate/up done",
+                "down ready", "down done")
 
 
-def layer_event(events: tuple[str, ...], layer: int, name: str) -> int:
+def layer_event(layer: int, name: str) -> int:
     """The row of kog_trace where a layer passed an event: 'choose ready' comes first, then the
     layer's events, but for layer 0's 'qkv ready' (its input is the embedding row: 'choose
     ready' stands for it)."""
-    return len(events) * layer + events.index(name)
+    return len(LAYER_EVENTS) * layer + LAYER_EVENTS.index(name)
 
 
 def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
@@ -165,7 +162,7 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     ptr = be.mod.get_global("kog_trace")
     t = cp.ndarray((TRACE_EV, be.nblk), cp.uint64, ptr).get().astype(np.int64)
     # events: choose ready, then per layer its events (layer 0 without 'qkv ready'); then lm ready/done
-    events = layer_events(be)
+    events = LAYER_EVENTS
     first = 1  # after the choose wait
     per_layer = []
     for layer in range(layers):
@@ -188,8 +185,8 @@ def trace(be, prompt, layers: int, traced: int) -> None:
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
-    layer0_done, last_done = t[layer_event(events, 0, events[-1])].max(), t[first - 1].max()
-    layer0 = " ".join(f"{name} +{(t[layer_event(events, 0, name)].max() - t[0].max()) / 1e3:.2f}" for name in events[1:])
+    layer0_done, last_done = t[layer_event(0, events[-1])].max(), t[first - 1].max()
+    layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in events[1:])
     print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
     print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
           f"layers 1-{layers - 1} {(last_done - layer0_done) / 1e3:.1f} us; last down done -> lm head ready "
@@ -246,7 +243,7 @@ def attention_units(be, t, layer: int) -> None:
 
     ptr = be.mod.get_global("kog_trace_att")
     a = cp.ndarray((be.nblk, 8), cp.uint64, ptr).get().astype(np.int64)
-    qkv_done = t[layer_event(layer_events(be), layer, "qkv done")].max()
+    qkv_done = t[layer_event(layer, "qkv done")].max()
     units = a[a[:, 0] > 0]
     rel = (units - qkv_done) / 1e3
     print(f"  attention block-units of layer {layer}: {len(units)}; stamps after the last 'qkv done' (median / max us):")
@@ -296,9 +293,9 @@ def ring_demand(be, t, layer: int) -> None:
     n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
-    events = layer_events(be)
-    first = layer_event(events, layer, "qkv ready")
-    t0, t1 = t[first].max(), t[layer_event(events, layer, "down done")].min()  # every block records between these
+    events = LAYER_EVENTS
+    first = layer_event(layer, "qkv ready")
+    t0, t1 = t[first].max(), t[layer_event(layer, "down done")].min()  # every block records between these
     if t1 <= t0:
         return
     keep = (stamps >= t0) & (stamps < t1)

@@ -7,10 +7,11 @@
 // down + residual), final norm, LM head, and loop. The host launches it once per generation.
 //
 // Synchronisation: the vectors that cross blocks inside a layer (x, q/k/v, attention output,
-// SiLU(gate)*up, down's partial sums) travel as tagged 8-byte words (phase, value); a consumer
-// spins on exactly the words it reads until they carry the phase it expects -- the data is its
-// own flag: one round trip, no fences. Where SiLU(gate)*up is long, down is split by columns, so
-// that a block reads only a slice of it (decode_common.cuh DN_SPLIT). Token boundaries (LM head
+// SiLU(gate)*up) travel as tagged 8-byte words (phase, value); a consumer spins on exactly the
+// words it reads until they carry the phase it expects -- the data is its own flag: one round
+// trip, no fences. Where SiLU(gate)*up is long, down is split by columns, so that a block reads
+// only a slice of it (decode_common.cuh DN_SPLIT); the slices' partial sums then meet in summed
+// words, which count their adds (decode_sync.cuh): the same one round trip. Token boundaries (LM head
 // -> token choice) use per-block epoch flags (release store / acquire poll). Phase numbers only
 // grow during a launch, so nothing is reset mid-run.
 // Weights stream through a per-warp shared-memory ring (decode_ring.cuh) that runs
@@ -50,31 +51,26 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
     }
 }
 
-// DN_SPLIT > 1: the block's rows of the residual stream += down's partial sums, one per column
-// slice (each slice's group publishes its rows'), added in slice order: the result does not
-// depend on timing. A thread a word (few registers: the kernel is at its cap; grids of fewer
-// blocks have more rows a block, and a thread several words), summed through shared memory.
-static_assert(DN_SPLIT * MO::MAXR <= MV_RED, "the partial sums fit the products' sums region");
-__device__ bool add_down_parts(const Ctx& c, float* xown, float* red) {
+// DN_SPLIT > 1: O's rows of the residual stream, kept in fixed point (kog_xfix), published twice:
+// as tagged words for the gate/up norm, and as their change added to the summed words, to which
+// down's slices then add their partial sums (decode_sync.cuh). A token's first layer starts from
+// its embedding row (xown) where the summed words still hold the last token's stream.
+__device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const float* xown, int l) {
     const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
-    bool ok = true;
-    for (int i = c.tid; i < DN_SPLIT * MO::MAXR; i += NTHR) {
-        const int k = i / MO::MAXR, r = i - k * MO::MAXR;
-        if (r < nr) {
-            float v[1];
-            ok &= gather_tagged_strided<1, 1>(c, v, c.P->dpart + k * H + r0 + r, c.epoch);
-            red[i] = v[0];
-        }
-    }
-    if (!__syncthreads_and(ok)) return false;
     for (int r = c.tid; r < nr; r += NTHR) {
-        float s = red[r];
-#pragma unroll
-        for (int k = 1; k < DN_SPLIT; ++k) s += red[k * MO::MAXR + r];
-        xown[r] += s;
-        kog_st_tagged(c.P->x + r0 + r, xown[r], c.epoch + 1);
+        const long long x = (l == 0 ? sum_fixed(xown[r]) : kog_xfix[r]) + sum_fixed(mv_result<MO>(red, r));
+        kog_st_tagged(c.P->x + r0 + r, sum_float(x), c.epoch + 1);
+        kog_red_add_u64(c.P->xsum + r0 + r, sum_add(x - kog_xfix[r]));
+        kog_xfix[r] = x;
     }
-    return true;
+}
+
+// RMSNorm of the residual stream after `layers` layers of this launch (before QKV, or the final
+// norm): where down is split its slices' sums meet in the summed words; else down's owners
+// published the tagged words.
+__device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, int layers, const float* w) {
+    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w);
+    return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w);
 }
 
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
@@ -93,7 +89,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
             stage_norm(c, xs, nullptr, 0, emb, sl + S_ATTN_NORM);
         } else {
-            if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_ATTN_NORM)) return false;
+            if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
         }
         if (KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
@@ -128,7 +124,8 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             mv_run<MO, MAT_O>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_O, 4);
-            add_to_residual<MO>(c, red, xown);
+            if (DN_SPLIT == 1) add_to_residual<MO>(c, red, xown);
+            else add_o_summed(c, red, xown, l);
             trace_mv(c, MAT_O, 5);
         }
         if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
@@ -161,21 +158,16 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-                kog_u64* part = P->dpart + MDN::group(b) * H + r0;
-                for (int r = c.tid; r < nr; r += NTHR) kog_st_tagged(part + r, mv_result<MDN>(red, r), c.epoch + 1);
+                for (int r = c.tid; r < nr; r += NTHR) kog_red_add_u64(P->xsum + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r))));
             }
             trace_mv(c, MAT_DN, 5);
         }
         end_phase(c);
-        if (DN_SPLIT > 1) {
-            if (!add_down_parts(c, xown, red)) return false;
-            end_phase(c);
-        }
     }
     // --- final norm + LM head (+ per-block argmax / sampling keys)
     int cancel = 0;
     if (b == 0 && c.tid == 0) cancel = kog_ld_sys_s32(P->host_cancel);
-    if (!stage_norm(c, xs, P->x, c.epoch, nullptr, P->ws + S_FINAL)) return false;
+    if (!stage_norm_layer_input(c, xs, (c.step + 1) * NL, P->ws + S_FINAL)) return false;
     trace_event(c);
     {
         mv_run<MLM, MAT_LM>(c, xs, red);
@@ -279,6 +271,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const bool greedy = P->greedy != 0;
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
+    for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
     __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen

@@ -113,8 +113,9 @@ static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multipl
 // every block to gather (INTER > 4096: all of a long act, tagged, flooded L2 -- Llama: 5.5 us a
 // layer), down's columns are cut into DN_SPLIT slices of at most H columns, and each
 // slice goes to its own group of blocks, which split down's rows among them. A block then gathers
-// only its slice of act (no more words than the x it gathers for each norm), and publishes
-// partial sums of its rows, which the residual's owners add in a fixed order: one small hop more.
+// only its slice of act (no more words than the x it gathers for each norm), and adds partial
+// sums of its rows to the residual stream's summed words (decode_sync.cuh): exact fixed-point adds,
+// so the result does not depend on their order.
 // Measured (PERF.md session 23) against act behind per-block flags and copied whole (v29): Llama
 // +3.0% (4 slices; 16 slices -2%), Qwen2.5 +3.6% (7; 10 +2%, 5 -2%), Qwen3 0 (3; 4 -3%); SmolLM2,
 // whose whole act is one cheap tagged hop, -8% with 3 slices. Down's weights are laid out
@@ -176,7 +177,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     kog_u64* attn;
     kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][D + 2]
     kog_u64* act;   // SiLU(gate)*up (tagged)
-    kog_u64* dpart;  // DN_SPLIT > 1: down's partial sums (tagged), [DN_SPLIT][H]
+    kog_u64* xsum;  // DN_SPLIT > 1: the residual stream as summed words (decode_sync.cuh), [H]
     float* logits;
     unsigned* keys;
     unsigned short* bins;

@@ -175,8 +175,51 @@ __device__ __noinline__ bool tagged_timeout(const KParams* P, kog_u64 t0, unsign
     return false;
 }
 
+struct TagWord {  // how a consumer reads a tagged word
+    __device__ static unsigned tag(kog_u64 w) { return kog_tag_of(w); }
+    __device__ static float value(kog_u64 w) { return kog_value_of(w); }
+    __device__ static void seen(int, kog_u64, int) {}  // (see SumWord)
+};
+
+// ---- summed words (DN_SPLIT > 1) ----------------------------------------------------------
+// Where down is split by columns, the residual stream as the next layer's norm reads it lives in
+// summed words (KParams::xsum): each element only ever grows by atomic adds done in L2 -- O's row
+// owners add their rows' change, each of down's slices its partial sums. A word holds the number
+// of adds so far (top 8 bits, modulo 256) and the sum in fixed point (low 56 bits, two's
+// complement, 2^-SUM_FRAC units): integer adds are exact and commute, so the sum does not depend
+// on which add lands first (deterministic), and the count tells a consumer the word is complete:
+// the data is its own flag again, and the next norm reads down's slices one hop after they end
+// (the owners used to gather and add the slices' parts: a hop more; PERF.md v33). A word changes
+// only after every block has read its last value (O's adds need every head's attention, which
+// needs every block's QKV product), so a count never runs past what a reader waits for.
+// |x| must stay below 2^(55 - SUM_FRAC) = 1.3e8, far above any model's residual stream (an add is
+// clamped to half of that: inf and NaN cannot carry into the count).
+constexpr int SUM_FRAC = 28;
+__device__ __forceinline__ long long sum_fixed(float v) {
+    const float lim = 6.7e7f;
+    return __float2ll_rn(fminf(fmaxf(v, -lim), lim) * (float)(1 << SUM_FRAC));
+}
+__device__ __forceinline__ float sum_float(long long v) { return (float)v * (1.0f / (float)(1 << SUM_FRAC)); }
+__device__ __forceinline__ kog_u64 sum_add(long long d) { return (1ull << 56) + (kog_u64)d; }  // one add of d
+// What a summed word reads after `layers` layers of this launch: O and every slice add once a layer.
+__device__ __forceinline__ unsigned sum_tag(int layers) { return (unsigned)(layers * (DN_SPLIT + 1)) & 255u; }
+// The block's rows of the residual stream (O's rows) in fixed point, as its last norm read them:
+// O's owners add their change against this value.
+__shared__ long long kog_xfix[MO::MAXR];
+struct SumWord {  // how a consumer reads a summed word
+    __device__ static long long fixed(kog_u64 w) { return (long long)(w << 8) >> 8; }
+    __device__ static unsigned tag(kog_u64 w) { return (unsigned)((w + (1ull << 55)) >> 56); }
+    __device__ static float value(kog_u64 w) { return sum_float(fixed(w)); }
+    // element e of the vector was read as w: the block's own rows keep their exact value
+    __device__ static void seen(int e, kog_u64 w, int b) {
+        const int r = e - MO::row0(b);
+        if (r >= 0 && r < MO::row1(b) - MO::row0(b)) kog_xfix[r] = fixed(w);
+    }
+};
+
 // A word carries the phase a consumer waits for (KOG_EXP 4: any word will do).
-__device__ __forceinline__ bool tag_ready(kog_u64 w, unsigned tag) { return KOG_EXP == 4 || kog_tag_of(w) == tag; }
+template <class W = TagWord>
+__device__ __forceinline__ bool tag_ready(kog_u64 w, unsigned tag) { return KOG_EXP == 4 || W::tag(w) == tag; }
 
 // After poll round `it` of a tagged wait left words missing: back off (KOG_POLL_NS) and, every
 // 64th round, check the watchdog (t0: when the wait began, 0 until first checked). False: give up.
@@ -210,7 +253,7 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
 
 // Every thread: its pairs of the tagged N-vector at src, once they carry `tag` (all loads of
 // a round in flight together; a round re-reads only what was not ready). False on timeout.
-template <int N>
+template <int N, class W = TagWord>
 __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, unsigned tag) {
     using T = Tagged<N>;
     unsigned pending = 0;
@@ -232,17 +275,21 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
         unsigned stale = 0;
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (FIRST_ALL && ((pending >> k) & 1u)) stale |= (kog_tag_of(w[k].x) ^ tag) | (kog_tag_of(w[k].y) ^ tag);
+            if (FIRST_ALL && ((pending >> k) & 1u)) stale |= (W::tag(w[k].x) ^ tag) | (W::tag(w[k].y) ^ tag);
         if (KOG_EXP == 4 || (FIRST_ALL && stale == 0)) {
 #pragma unroll
             for (int k = 0; k < T::NV; ++k)
-                if ((pending >> k) & 1u) out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+                if ((pending >> k) & 1u) {
+                    out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
+                    W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
+                }
             pending = 0;
         } else {
 #pragma unroll
             for (int k = 0; k < T::NV; ++k)
-                if (((pending >> k) & 1u) && tag_ready(w[k].x, tag) && tag_ready(w[k].y, tag)) {
-                    out.v[k] = make_float2(kog_value_of(w[k].x), kog_value_of(w[k].y));
+                if (((pending >> k) & 1u) && tag_ready<W>(w[k].x, tag) && tag_ready<W>(w[k].y, tag)) {
+                    out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
+                    W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
                     pending &= ~(1u << k);
                 }
         }
@@ -278,8 +325,9 @@ __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], 
     return gather_tagged_strided<n, KOG_WAVE>(c, v, src + c.lane, tag);
 }
 
-// RMSNorm of the residual stream (tagged, or an embedding row at layer 0) into shared memory
-// (the split layout of xs_index).
+// RMSNorm of the residual stream (tagged or summed words W, or an embedding row at layer 0) into
+// shared memory (the split layout of xs_index).
+template <class W = TagWord>
 __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
                            const float* w) {
     using T = Tagged<H>;
@@ -293,7 +341,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
                 x.v[k] = make_float2(kog_bf16_lo(e), kog_bf16_hi(e));
             }
     } else {
-        ok = gather_tagged<H>(c, x, src, tag);
+        ok = gather_tagged<H, W>(c, x, src, tag);
     }
     float2 g[T::NV];
     float ss = 0.f;

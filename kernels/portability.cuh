@@ -5,6 +5,7 @@
 //   - wave (warp) size KOG_WAVE and full-wave masks; shuffles and votes over a wave
 //   - memory-model primitives: relaxed/acquire loads, release stores, gpu- and system-scope
 //     fences (the flags between blocks and the token stream to host-mapped memory)
+//   - 8-byte atomic adds done in L2 without a return value (the residual stream's summed words)
 //   - a nanosecond clock for watchdogs and token timestamps
 //   - 16-byte asynchronous copies global -> shared (the weight ring, attention tiles), the
 //     weights' marked evict-first in L2 (read once per token: they must not push out the KV
@@ -75,6 +76,10 @@ __device__ __forceinline__ ulonglong2 kog_ld_tagged2(const kog_u64* p) {  // two
     ulonglong2 v;
     asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(v.x), "=l"(v.y) : "l"(p) : "memory");
     return v;
+}
+// An add to an 8-byte word, done in L2 (fire and forget: nothing comes back to the thread).
+__device__ __forceinline__ void kog_red_add_u64(kog_u64* p, kog_u64 v) {
+    asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 __device__ __forceinline__ unsigned kog_tag_of(kog_u64 w) { return (unsigned)(w >> 32); }
 __device__ __forceinline__ float kog_value_of(kog_u64 w) { return __uint_as_float((unsigned)w); }

@@ -46,7 +46,7 @@ _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DE
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
-    "w ws kc vc rcos rsin x qkv attn part act dpart logits keys bins hist_cnt hist_mass slot_val slot_idx "
+    "w ws kc vc rcos rsin x qkv attn part act xsum logits keys bins hist_cnt hist_mass slot_val slot_idx "
     "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
@@ -313,7 +313,7 @@ class CudaBackend(Backend):
         self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
         self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
         self.act = tagged(c.intermediate_size)
-        self.dpart = tagged(self.kernel_info["dn_split"] * c.hidden_size)
+        self.xsum = tagged(c.hidden_size)  # the residual stream as summed words where down is split (zeroed too)
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
@@ -442,7 +442,7 @@ class CudaBackend(Backend):
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
             for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x, self.qkv, self.attn,
-                      self.part, self.act, self.dpart):
+                      self.part, self.act, self.xsum):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
