@@ -32,7 +32,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git ignores .bench:
   carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
-  wait and each arrival; per phase of a middle layer this prints the work (ready -> done,
+  wait and each arrival (block 0 its cycle counter too: the SM clock over the token); per phase
+  of a middle layer this prints the work (ready -> done,
   median and slowest block) and the hop (last producer done -> consumers ready); inside each
   product of the traced layer (--trace-layer, by default the middle one), when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
@@ -172,9 +173,11 @@ def trace(be, prompt, layers: int, traced: int) -> None:
             per_layer.append(ev)
         first += n
     mid = per_layer[len(per_layer) // 4 : 3 * len(per_layer) // 4] or per_layer
+    clk = cp.ndarray((TRACE_EV,), cp.int64, be.mod.get_global("kog_trace_clk")).get()
+    mhz = (clk[first + 1] - clk[0]) / (t[first + 1, 0] - t[0, 0]) * 1e3  # block 0's cycles over its ns
     print(f"  token {TRACE_STEP}: whole token {(t[first + 1].max() - t[0].max()) / 1e3:.1f} us "
-          f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us); "
-          f"per middle layer (mean of {len(mid)}):")
+          f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us; block 0's SM clock "
+          f"{mhz:.0f} MHz); per middle layer (mean of {len(mid)}):")
     for a in range(len(events) - 1):
         work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
         crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3

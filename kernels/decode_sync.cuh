@@ -6,6 +6,7 @@
 #ifdef KOG_TRACE  // bench/decode_breakdown.py: when every block passed each wait and arrival of step KOG_TRACE
 constexpr int TRACE_EV = 1024;
 __device__ kog_u64 kog_trace[TRACE_EV * NBLK];
+__device__ long long kog_trace_clk[TRACE_EV];  // block 0's cycle counter at the same events: the SM clock
 #endif
 #ifdef KOG_TRACE
 #ifndef KOG_TRACE_LAYER  // the layer whose attention units, products and refills are traced
@@ -70,7 +71,10 @@ __device__ __forceinline__ void trace_sm(const Ctx& c) {
 }
 __device__ __forceinline__ void trace_event(Ctx& c) {
 #ifdef KOG_TRACE
-    if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
+    if (c.tid == 0 && c.step == KOG_TRACE && c.ev < TRACE_EV) {
+        kog_trace[c.ev * NBLK + c.b] = kog_clock_ns();
+        if (c.b == 0) kog_trace_clk[c.ev] = kog_cycles();
+    }
     ++c.ev;
 #else
     (void)c;

@@ -105,6 +105,7 @@ __device__ __forceinline__ unsigned kog_sm_id() {  // the multiprocessor a block
 }
 __device__ __forceinline__ void kog_sleep_ns(unsigned ns) { __nanosleep(ns); }  // a poll's back-off
 
+__device__ __forceinline__ long long kog_cycles() { return clock64(); }  // the multiprocessor's clock (tracing)
 __device__ __forceinline__ kog_u64 kog_clock_ns() {
     kog_u64 t;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
