@@ -55,10 +55,13 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
 // as tagged words for the gate/up norm, and as their change added to the summed words, to which
 // down's slices then add their partial sums (decode_sync.cuh). A token's first layer starts from
 // its embedding row (xown) where the summed words still hold the last token's stream.
+static_assert(NQKV >= NBLK, "every block reads the stream before its QKV rows: no O add can come before that read");
 __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const float* xown, int l) {
+    constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
     const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
     for (int r = c.tid; r < nr; r += NTHR) {
-        const long long x = (l == 0 ? sum_fixed(xown[r]) : kog_xfix[r]) + sum_fixed(mv_result<MO>(red, r));
+        const long long x0 = l == 0 ? sum_fixed(xown[r], SUM_X_MAX) : kog_xfix[r];
+        const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red, r), SUM_X_MAX), -XMAX), XMAX);
         kog_st_tagged(c.P->x + r0 + r, sum_float(x), c.epoch + 1);
         kog_red_add_u64(c.P->xsum + r0 + r, sum_add(x - kog_xfix[r]));
         kog_xfix[r] = x;
@@ -158,7 +161,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-                for (int r = c.tid; r < nr; r += NTHR) kog_red_add_u64(P->xsum + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r))));
+                for (int r = c.tid; r < nr; r += NTHR) kog_red_add_u64(P->xsum + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r), SUM_PART_MAX)));
             }
             trace_mv(c, MAT_DN, 5);
         }

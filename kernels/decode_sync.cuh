@@ -196,11 +196,16 @@ struct TagWord {  // how a consumer reads a tagged word
 // (the owners used to gather and add the slices' parts: a hop more; PERF.md v33). A word changes
 // only after every block has read its last value (O's adds need every head's attention, which
 // needs every block's QKV product), so a count never runs past what a reader waits for.
-// |x| must stay below 2^(55 - SUM_FRAC) = 1.3e8, far above any model's residual stream (an add is
-// clamped to half of that: inf and NaN cannot carry into the count).
+// Every state of a word (any subset of a layer's adds, landed in any order) must stay inside the
+// field, |sum| < 2^(55 - SUM_FRAC) = 2^27, or its count reads wrong and the next norm waits for the
+// watchdog: so the stream after O is kept within SUM_X_MAX and a slice's part within SUM_PART_MAX
+// (NaN and inf land on a bound: garbage tokens, as before, not a hang). Both lie far above any
+// model's residual stream and down's outputs.
 constexpr int SUM_FRAC = 28;
-__device__ __forceinline__ long long sum_fixed(float v) {
-    const float lim = 6.7e7f;
+constexpr float SUM_X_MAX = 33554432.0f;  // 2^25
+constexpr float SUM_PART_MAX = 524288.0f;  // 2^19
+static_assert(SUM_X_MAX + 2.0f * DN_SPLIT * SUM_PART_MAX < 134217728.0f, "a word's every state fits its field");
+__device__ __forceinline__ long long sum_fixed(float v, float lim) {
     return __float2ll_rn(fminf(fmaxf(v, -lim), lim) * (float)(1 << SUM_FRAC));
 }
 __device__ __forceinline__ float sum_float(long long v) { return (float)v * (1.0f / (float)(1 << SUM_FRAC)); }
