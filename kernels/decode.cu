@@ -345,5 +345,6 @@ extern "C" __global__ void kog_info(long long* out) {
         out[12] = FLAGS;
         out[13] = MAXSTOP;
         out[14] = DN_SPLIT;
+        out[15] = H;  // words at KParams::xsum (kernels before v33 wrote DN_SPLIT x H partial sums there)
     }
 }

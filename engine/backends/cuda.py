@@ -220,14 +220,16 @@ class CudaBackend(Backend):
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
+            "xsum_words": int(info[15]),
         }
         self.smem = self.kernel_info["smem"]
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
         k, lay = self.kernel_info, self.lay
-        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS)
+        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS,
+                self.config.hidden_size)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
-                  k["nblk"], k["nbins"])
+                  k["nblk"], k["nbins"], k["xsum_words"])
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
         self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
