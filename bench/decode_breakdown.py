@@ -30,7 +30,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   build of the same kernels: PERF.md session 15); "a+b" combines variants a and b (of different
   knobs), and a version with variants (baseline+no-weight-loads: the baseline without loads). Make one with
   `mkdir -p .bench/v8 && git archive REV kernels | tar -x -C .bench/v8` (git ignores .bench:
-  carry it to the GPU machine); its parameter block must match engine/backends/cuda.py;
+  carry it to the GPU machine); its parameter block must match engine/backends/cuda.py (kernels
+  before v33 are refused: they wrote DN_SPLIT x H partial sums where the host now keeps H words);
 - a trace of one token (KOG_TRACE=step): every block stamps %globaltimer when it passes each
   wait and each arrival (block 0 its cycle counter too: the SM clock over the token); per phase
   of a middle layer this prints the work (ready -> done,
