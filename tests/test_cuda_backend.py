@@ -266,7 +266,7 @@ def test_same_seed_same_tokens(model):
     if model["name"] not in (SMALL, "llama-3.2-1b"):
         pytest.skip("checked on two models")
     gpu, prompt = model["gpu"], model["prompt"]
-    # Llama's 128k-token vocabulary, its random logits nearly flat, would put the top-p cut in a bin
+    # Llama's 128k-token vocabulary, its random logits nearly flat, can put the top-p cut in a bin
     # of more candidates than the sampler sorts at once (status 'approx'): top-k keeps it among the top
     top_k = 0 if model["name"] == SMALL else 40
     params = SamplingParams(temperature=0.8, top_p=0.95, top_k=top_k, seed=1234)
