@@ -275,6 +275,10 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
+        const auto take = [&](int k) {  // pair k is ready: its values out
+            out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
+            W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
+        };
         // Two words per thread: first one test over both, which needs both loads, then the words'
         // own checks. Without it ptxas put the first word's check between the two loads (Qwen2.5,
         // SmolLM2's act: two round trips per round); with it, nvcc 13 keeps the loads together on
@@ -288,17 +292,13 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
         if (KOG_EXP == 4 || (FIRST_ALL && stale == 0)) {
 #pragma unroll
             for (int k = 0; k < T::NV; ++k)
-                if ((pending >> k) & 1u) {
-                    out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
-                    W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
-                }
+                if ((pending >> k) & 1u) take(k);
             pending = 0;
         } else {
 #pragma unroll
             for (int k = 0; k < T::NV; ++k)
                 if (((pending >> k) & 1u) && tag_ready<W>(w[k].x, tag) && tag_ready<W>(w[k].y, tag)) {
-                    out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
-                    W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
+                    take(k);
                     pending &= ~(1u << k);
                 }
         }

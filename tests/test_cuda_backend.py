@@ -11,6 +11,7 @@ KOG_TEST_SEED reproduces one). Buffers are NaN-poisoned before the kernel runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -271,7 +272,7 @@ def test_same_seed_same_tokens(model):
     top_k = 0 if model["name"] == SMALL else 40
     params = SamplingParams(temperature=0.8, top_p=0.95, top_k=top_k, seed=1234)
     runs = []
-    for p in (params, params, SamplingParams(temperature=0.8, top_p=0.95, top_k=top_k, seed=99)):
+    for p in (params, params, dataclasses.replace(params, seed=99)):
         _fresh(gpu, prompt)
         runs.append(list(gpu.decode(p, prompt, 64, set())))
         assert gpu.last_status["error"] == 0 and gpu.last_status["approx"] == 0
