@@ -10,7 +10,7 @@ from bench.decode_breakdown import check_label
 
 def test_variants_of_different_knobs_combine():
     assert check_label("no-waits+stash-0", {}) is None
-    assert check_label("v8+ring-3", {"v8": Path("/tmp/v8")}) is None
+    assert check_label("v8+ring-3", {"v8": Path("kernels-v8")}) is None
 
 
 def test_two_variants_of_one_knob_are_refused():
@@ -20,4 +20,4 @@ def test_two_variants_of_one_knob_are_refused():
 
 def test_unknown_variants_and_two_versions_are_refused():
     assert "unknown variant" in check_label("no-such-variant", {})
-    assert "two versions" in check_label("a+b", {"a": Path("/tmp/a"), "b": Path("/tmp/b")})
+    assert "two versions" in check_label("a+b", {"a": Path("kernels-a"), "b": Path("kernels-b")})
