@@ -65,6 +65,7 @@ VARIANTS = {
     "no-weight-loads": {"KOG_EXP": "2"},
     "no-L2-hint": {"KOG_EXP": "3"},
     "no-waits": {"KOG_EXP": "4"},
+    "no-merge-wait": {"KOG_EXP": "5"},
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},
     "ring-4": {"KOG_RING": "4"},
@@ -93,6 +94,10 @@ VARIANTS = {
     "stash-2": {"KOG_STASH": "2"},
     "stash-3": {"KOG_STASH": "3"},
     "stash-4": {"KOG_STASH": "4"},  # (with ring-3: 96 KB of stash beside a 72 KB ring)
+    "stash-5": {"KOG_STASH": "5"},  # (with slot-3, where every granule is 1.5 KB)
+    "stash-6": {"KOG_STASH": "6"},
+    "stash-7": {"KOG_STASH": "7"},
+    "slot-4": {"KOG_SLOT_U": "4"},  # ring and stash slots of 2 KB whatever the granules (v33)
     "stash-pace-2": {"KOG_STASH_PACE": "2"},  # a paced stashing warp keeps two granules in flight
     "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three
     "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing

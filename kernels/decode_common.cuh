@@ -5,7 +5,8 @@
 
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
-#endif             // tokens: what streaming and the math cost when no block waits for another)
+#endif             // tokens: what streaming and the math cost when no block waits for another), 5 the
+                   // attention units' merge publishes at once (garbage: what waiting for the records costs)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
@@ -35,6 +36,9 @@
 #endif
 #ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below; -1: by shape)
 #define KOG_STASH_DN -1
+#endif
+#ifndef KOG_SLOT_U  // timing experiments: 16-byte vectors per lane a ring or stash slot holds (0: SLOT below)
+#define KOG_SLOT_U 0
 #endif
 #ifndef KOG_STASH_XS  // timing experiments: gate/up's extra stash granule in the input region's gaps, where they fit (-1: by shape)
 #define KOG_STASH_XS -1
@@ -334,15 +338,21 @@ constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // compiler pads the static part), and the ring after the region starts aligned too.
 constexpr int SMEM_ALIGN = 1024;  // bytes
 // the weight ring lives beside that region (aligned like it): it streams across every phase.
-// Granules in flight per warp: 96 KB per block, which the big shapes' products need to keep HBM
-// busy. Where a block's share of a whole layer fits in three per warp (SmolLM2), three: the ring
+// Granules in flight per warp: four, 96 KB per block of 2 KB granules (72 KB of Qwen2.5's 1.5 KB), which
+// the big shapes' products need to keep HBM busy. Where a block's share of a whole layer fits in three per warp (SmolLM2), three: the ring
 // still runs a layer ahead, and each hop's L2 round trips, which queue behind the weights in
 // flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
-constexpr int SLOT = 4 * KOG_WAVE;   // 16-byte vectors per granule slot (U <= 4)
+constexpr int SLOT_MAX = 4 * KOG_WAVE;  // 16-byte vectors of the widest granule (U = 4): 2 KB
 constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
-constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT * 16 ? 3 : 1536 / NTHR;
-constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's weights in flight
-constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
+constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
+constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
+// 16-byte vectors per slot of the ring and the stash: 2 KB, or where blocks stash (the layer does
+// not fit the ring), the shape's widest granule. Qwen2.5's products all take 1.5 KB granules: its 2 KB
+// slots were a quarter empty, and the room freed takes a fifth stash granule per warp (PERF.md v34:
+// +0.5%; SmolLM2, which stashes nothing, measured -0.3% with 1.5 KB slots, within noise: left at 2 KB).
+constexpr int SLOT = KOG_SLOT_U > 0 ? KOG_SLOT_U * KOG_WAVE
+                   : LAYER_IN_RING ? SLOT_MAX : cmax(cmax(MQKV::U, MO::U), cmax(cmax(MGU::U, MDN::U), MLM::U)) * KOG_WAVE;
+constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weights in flight
 // The stash (decode_ring.cuh stash_fill): STASH more granules per warp of gate/up, issued once a
 // block's attention work is done, and of down (STASH_DN), issued once gate/up is done, into shared
 // memory past the products' inputs and sums (the K/V tiles' place: the next layer's first tiles
@@ -351,12 +361,13 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= RING_BYTES;
 // never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
 // 1 at once, 2 paced: paced, but none where G x D reaches 512 (Qwen2.5: +1% without it since
 // down is split, Llama -0.5%; a measured split, like ATT_RMAX's).
-// Four granules per warp, or as many as fit beside the ring (grids of fewer blocks have larger
-// shares and inputs: the stash shrinks there, down to none).
+// 96 KB of slots a block (four 2 KB granules per warp, five of 1.5 KB: PERF.md v34, where six and
+// seven lost), or as many as fit beside the ring (grids of fewer blocks have larger shares and
+// inputs: the stash shrinks there, down to none).
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
-constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(4, STASH_FIT);
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
