@@ -90,11 +90,11 @@ VARIANTS = {
     "lane-sums-4": {"KOG_LANE_SUMS": "4"},  # ... of up to 4 (v25, the default)
     "lane-sums-12": {"KOG_LANE_SUMS": "12"},  # ... of up to 12 (down on every big shape)
     "stash-0": {"KOG_STASH": "0"},  # no gate/up granules stashed inside the attention's gap
-    "stash-1": {"KOG_STASH": "1"},  # one per warp (24 KB a block)
+    "stash-1": {"KOG_STASH": "1"},  # one per warp (24 KB a block of 2 KB granules)
     "stash-2": {"KOG_STASH": "2"},
     "stash-3": {"KOG_STASH": "3"},
     "stash-4": {"KOG_STASH": "4"},  # (with ring-3: 96 KB of stash beside a 72 KB ring)
-    "stash-5": {"KOG_STASH": "5"},  # (with slot-3, where every granule is 1.5 KB)
+    "stash-5": {"KOG_STASH": "5"},  # (Qwen2.5's default since v34: five 1.5 KB granules, 90 KB)
     "stash-6": {"KOG_STASH": "6"},
     "stash-7": {"KOG_STASH": "7"},
     "slot-4": {"KOG_SLOT_U": "4"},  # ring and stash slots of 2 KB whatever the granules (v33)
