@@ -14,7 +14,8 @@ Before it, the hop alone: every block stores its slice of an n-word tagged vecto
 gathers all of it, as the decode kernel's hops do, many hops in a row (n = 576 .. 8960 as in
 the four shapes, on all multiprocessors or a quarter of them, polls back to back or sleeping
 100 ns after a miss, the vector stored once or in 2-8 copies that different blocks poll): what one
-hop costs with no weights streaming and no math, and whether the polls' own traffic slows it.
+hop costs with no weights streaming and no math, and whether the polls' own traffic slows it;
+and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word.
 
     python bench/sync_probe.py
 """
@@ -257,6 +258,56 @@ extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, in
 extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12>(vec, n, copies, reps, sleep_ns, out, sink); }
 
+// The same hop through summed words, as the decode kernel's residual stream (decode_sync.cuh): the
+// blocks form k groups, each group's blocks split the n words among them, and each adds (red.add.u64,
+// count + 1 in the top byte) to its words; every thread polls its pairs until their counts read the
+// hop's k adds. Two buffers in turn, as above (a word's next add comes only after every block read
+// it). Against hop_chain at the same n: what a hop costs when its words are atomic adds done in L2
+// rather than stores (k = 1), and when each word takes k adds from k blocks (down's slices: 3-7).
+template <int NV>
+__device__ void hop_summed(u64* vec, int n, int k, int reps, u64* out, float* sink) {
+    const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
+    const int g = b % k, j = b / k, ng = (nb - g + k - 1) / k;  // group g's blocks: g, g + k, ...
+    const int r0 = (int)((long long)j * n / ng), r1 = (int)((long long)(j + 1) * n / ng);
+    float acc = 0.f;
+    unsigned gave_up = 0;
+    __syncthreads();
+    const u64 t0 = now();
+    for (unsigned r = 1; r <= (unsigned)reps; ++r) {
+        u64* buf = vec + (size_t)(r & 1) * n;
+        for (int i = r0 + t; i < r1; i += nt)
+            asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(buf + i), "l"((1ull << 56) + (u64)(i + g)) : "memory");
+        const unsigned want = ((r + 1) / 2 * (unsigned)k) & 255u;
+        unsigned pending = 0;
+        #pragma unroll
+        for (int q = 0; q < NV; ++q)
+            if (t + q * nt < n / 2) pending |= 1u << q;
+        for (int it = 0; pending && it < (1 << 20); ++it) {
+            ulonglong2 w[NV];
+            #pragma unroll
+            for (int q = 0; q < NV; ++q)
+                if ((pending >> q) & 1u)
+                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q].x), "=l"(w[q].y) : "l"(buf + 2 * (t + q * nt)) : "memory");
+            #pragma unroll
+            for (int q = 0; q < NV; ++q)
+                if (((pending >> q) & 1u) && (unsigned)((w[q].x + (1ull << 55)) >> 56) == want
+                    && (unsigned)((w[q].y + (1ull << 55)) >> 56) == want) {
+                    acc += (float)(long long)(w[q].x << 8) + (float)(long long)(w[q].y << 8);
+                    pending &= ~(1u << q);
+                }
+        }
+        gave_up += pending != 0;
+        __syncthreads();
+    }
+    const u64 t1 = now();
+    if (acc == 1.2345f) sink[0] = acc;
+    if (gave_up) atomicAdd(out + 1, (u64)gave_up);
+    if (t == 0 && b == 0) out[0] = (t1 - t0) / reps;
+}
+extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<1>(vec, n, k, reps, out, sink); }
+extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<2>(vec, n, k, reps, out, sink); }
+extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<3>(vec, n, k, reps, out, sink); }
+
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
 // out[0]: ns to issue the prefetches; out[1]: ns to read the 128 KB (block 0).
@@ -354,6 +405,15 @@ def main() -> None:
             o = out.get()
             print(f"hop of a {n}-word tagged vector, {grid} blocks, {copies} cop{'y' if copies == 1 else 'ies'}, polls "
                   f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
+    for n, nv in ((576, 1), (1536, 2), (2048, 3)):
+        for k in (1, 3, 7):
+            vec.fill(0)
+            out.fill(0)
+            mod.get_function(f"probe_sum_{nv}")((nsm,), (hop_threads,), (vec, np.int32(n), np.int32(k), np.int32(2000), out, fsink))
+            cp.cuda.Device().synchronize()
+            o = out.get()
+            print(f"hop of a {n}-word summed vector, {nsm} blocks, {k} add{'' if k == 1 else 's'} a word: {o[0]} ns"
+                  + (f" ({o[1]} gave up)" if o[1] else ""))
     regions = big.size * 4 // (128 * 1024)
     for rep, (mode, label) in enumerate([(0, "no prefetch"), (1, "bulk prefetch (one thread)"),
                                          (2, "per-line prefetch (every thread)")] * 2):
