@@ -207,41 +207,51 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // block can only store hop r + 2 after every block stored hop r + 1, so after every block read
 // hop r. copies > 1: every block stores its slice into that many copies of the vector, and block
 // b polls copy b % copies (fewer pollers per L2 line). sleep_ns > 0: a poll round that misses
-// sleeps that long. out[0] = ns per hop (block 0);
-// out[1] = hops that gave up (a bound on the rounds keeps a bug from hanging the device).
-template <int NV>
+// sleeps that long. SUMMED: the same hop through summed words, as the decode kernel's residual
+// stream (decode_sync.cuh): the blocks form k groups (k = copies), each group's blocks split the n
+// words among them and add (red.add.u64, count + 1 in the top byte) to them, and the polls wait
+// until a word's count reads the hop's k adds: what a hop costs when its words are atomic adds done
+// in L2 rather than stores (k = 1), and when each takes k adds from k blocks (down's slices: 3-7).
+// out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
+// from hanging the device).
+template <int NV, bool SUMMED>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
     const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
-    const int r0 = (int)((long long)b * n / nb), r1 = (int)((long long)(b + 1) * n / nb);
+    const int k = SUMMED ? copies : 1, ncopy = SUMMED ? 1 : copies;
+    const int g = b % k, j = b / k, ng = (nb - g + k - 1) / k;  // group g's blocks: g, g + k, ...
+    const int r0 = (int)((long long)j * n / ng), r1 = (int)((long long)(j + 1) * n / ng);
     float acc = 0.f;
     unsigned gave_up = 0;
     __syncthreads();
     const u64 t0 = now();
     for (unsigned r = 1; r <= (unsigned)reps; ++r) {
-        u64* buf = vec + (size_t)(r & 1) * copies * n;
+        u64* buf = vec + (size_t)(r & 1) * ncopy * n;
         for (int i = r0 + t; i < r1; i += nt)
-            for (int c = 0; c < copies; ++c)
-                asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(buf + c * n + i), "l"(((u64)r << 32) | __float_as_uint((float)i)) : "memory");
-        const u64* v = buf + (b % copies) * n;
+            for (int c = 0; c < ncopy; ++c)
+                if (SUMMED) asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(buf + i), "l"((1ull << 56) + (u64)(i + g)) : "memory");
+                else asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(buf + c * n + i), "l"(((u64)r << 32) | __float_as_uint((float)i)) : "memory");
+        const u64* v = buf + (b % ncopy) * n;
+        const unsigned want = SUMMED ? ((r + 1) / 2 * (unsigned)k) & 255u : r;  // a buffer's (r + 1) / 2-th hop
+        const auto tag = [&](u64 w) { return SUMMED ? (unsigned)((w + (1ull << 55)) >> 56) : (unsigned)(w >> 32); };
         unsigned pending = 0;
         #pragma unroll
-        for (int k = 0; k < NV; ++k)
-            if (t + k * nt < n / 2) pending |= 1u << k;
+        for (int q = 0; q < NV; ++q)
+            if (t + q * nt < n / 2) pending |= 1u << q;
         for (int it = 0; pending && it < (1 << 20); ++it) {
             ulonglong2 w[NV];
             #pragma unroll
-            for (int k = 0; k < NV; ++k)
-                if ((pending >> k) & 1u)
-                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[k].x), "=l"(w[k].y) : "l"(v + 2 * (t + k * nt)) : "memory");
+            for (int q = 0; q < NV; ++q)
+                if ((pending >> q) & 1u)
+                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q].x), "=l"(w[q].y) : "l"(v + 2 * (t + q * nt)) : "memory");
             unsigned stale = 0;
             #pragma unroll
-            for (int k = 0; k < NV; ++k)
-                if ((pending >> k) & 1u) stale |= ((unsigned)(w[k].x >> 32) ^ r) | ((unsigned)(w[k].y >> 32) ^ r);
+            for (int q = 0; q < NV; ++q)
+                if ((pending >> q) & 1u) stale |= (tag(w[q].x) ^ want) | (tag(w[q].y) ^ want);
             #pragma unroll
-            for (int k = 0; k < NV; ++k)
-                if (((pending >> k) & 1u) && (stale == 0 || ((unsigned)(w[k].x >> 32) == r && (unsigned)(w[k].y >> 32) == r))) {
-                    acc += __uint_as_float((unsigned)w[k].x) + __uint_as_float((unsigned)w[k].y);
-                    pending &= ~(1u << k);
+            for (int q = 0; q < NV; ++q)
+                if (((pending >> q) & 1u) && (stale == 0 || (tag(w[q].x) == want && tag(w[q].y) == want))) {
+                    acc += __uint_as_float((unsigned)w[q].x) + __uint_as_float((unsigned)w[q].y);
+                    pending &= ~(1u << q);
                 }
             if (pending && sleep_ns) __nanosleep(sleep_ns);
         }
@@ -253,60 +263,13 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
     if (gave_up) atomicAdd(out + 1, (u64)gave_up);
     if (t == 0 && b == 0) out[0] = (t1 - t0) / reps;
 }
-extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12>(vec, n, copies, reps, sleep_ns, out, sink); }
-
-// The same hop through summed words, as the decode kernel's residual stream (decode_sync.cuh): the
-// blocks form k groups, each group's blocks split the n words among them, and each adds (red.add.u64,
-// count + 1 in the top byte) to its words; every thread polls its pairs until their counts read the
-// hop's k adds. Two buffers in turn, as above (a word's next add comes only after every block read
-// it). Against hop_chain at the same n: what a hop costs when its words are atomic adds done in L2
-// rather than stores (k = 1), and when each word takes k adds from k blocks (down's slices: 3-7).
-template <int NV>
-__device__ void hop_summed(u64* vec, int n, int k, int reps, u64* out, float* sink) {
-    const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
-    const int g = b % k, j = b / k, ng = (nb - g + k - 1) / k;  // group g's blocks: g, g + k, ...
-    const int r0 = (int)((long long)j * n / ng), r1 = (int)((long long)(j + 1) * n / ng);
-    float acc = 0.f;
-    unsigned gave_up = 0;
-    __syncthreads();
-    const u64 t0 = now();
-    for (unsigned r = 1; r <= (unsigned)reps; ++r) {
-        u64* buf = vec + (size_t)(r & 1) * n;
-        for (int i = r0 + t; i < r1; i += nt)
-            asm volatile("red.relaxed.gpu.global.add.u64 [%0], %1;" ::"l"(buf + i), "l"((1ull << 56) + (u64)(i + g)) : "memory");
-        const unsigned want = ((r + 1) / 2 * (unsigned)k) & 255u;
-        unsigned pending = 0;
-        #pragma unroll
-        for (int q = 0; q < NV; ++q)
-            if (t + q * nt < n / 2) pending |= 1u << q;
-        for (int it = 0; pending && it < (1 << 20); ++it) {
-            ulonglong2 w[NV];
-            #pragma unroll
-            for (int q = 0; q < NV; ++q)
-                if ((pending >> q) & 1u)
-                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q].x), "=l"(w[q].y) : "l"(buf + 2 * (t + q * nt)) : "memory");
-            #pragma unroll
-            for (int q = 0; q < NV; ++q)
-                if (((pending >> q) & 1u) && (unsigned)((w[q].x + (1ull << 55)) >> 56) == want
-                    && (unsigned)((w[q].y + (1ull << 55)) >> 56) == want) {
-                    acc += (float)(long long)(w[q].x << 8) + (float)(long long)(w[q].y << 8);
-                    pending &= ~(1u << q);
-                }
-        }
-        gave_up += pending != 0;
-        __syncthreads();
-    }
-    const u64 t1 = now();
-    if (acc == 1.2345f) sink[0] = acc;
-    if (gave_up) atomicAdd(out + 1, (u64)gave_up);
-    if (t == 0 && b == 0) out[0] = (t1 - t0) / reps;
-}
-extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<1>(vec, n, k, reps, out, sink); }
-extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<2>(vec, n, k, reps, out, sink); }
-extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, u64* out, float* sink) { hop_summed<3>(vec, n, k, reps, out, sink); }
+extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, false>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, false>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12, false>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, true>(vec, n, k, reps, sleep_ns, out, sink); }
 
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
@@ -409,7 +372,8 @@ def main() -> None:
         for k in (1, 3, 7):
             vec.fill(0)
             out.fill(0)
-            mod.get_function(f"probe_sum_{nv}")((nsm,), (hop_threads,), (vec, np.int32(n), np.int32(k), np.int32(2000), out, fsink))
+            mod.get_function(f"probe_sum_{nv}")((nsm,), (hop_threads,), (vec, np.int32(n), np.int32(k), np.int32(2000),
+                                                                       np.int32(0), out, fsink))
             cp.cuda.Device().synchronize()
             o = out.get()
             print(f"hop of a {n}-word summed vector, {nsm} blocks, {k} add{'' if k == 1 else 's'} a word: {o[0]} ns"
