@@ -169,11 +169,10 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     ptr = be.mod.get_global("kog_trace")
     t = cp.ndarray((TRACE_EV, be.nblk), cp.uint64, ptr).get().astype(np.int64)
     # events: choose ready, then per layer its events (layer 0 without 'qkv ready'); then lm ready/done
-    events = LAYER_EVENTS
     first = 1  # after the choose wait
     per_layer = []
     for layer in range(layers):
-        n = len(events) - (layer == 0)
+        n = len(LAYER_EVENTS) - (layer == 0)
         ev = t[first : first + n]
         if layer > 0:
             per_layer.append(ev)
@@ -184,18 +183,18 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"  token {TRACE_STEP}: whole token {(t[first + 1].max() - t[0].max()) / 1e3:.1f} us "
           f"(lm head ready -> done {(t[first + 1].max() - t[first].max()) / 1e3:.1f} us; block 0's SM clock "
           f"{mhz:.0f} MHz); per middle layer (mean of {len(mid)}):")
-    for a in range(len(events) - 1):
+    for a in range(len(LAYER_EVENTS) - 1):
         work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
         crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3
-        name = f"{events[a]} -> {events[a + 1]}"
+        name = f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}"
         print(f"    {name:32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
               f"critical path {crit.mean():6.2f} us")
-        if events[a].endswith("ready") and events[a + 1].endswith("done"):  # a matrix phase
+        if LAYER_EVENTS[a].endswith("ready") and LAYER_EVENTS[a + 1].endswith("done"):  # a matrix phase
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us")
-    layer0_done, last_done = t[layer_event(0, events[-1])].max(), t[first - 1].max()
-    layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in events[1:])
+    layer0_done, last_done = t[layer_event(0, LAYER_EVENTS[-1])].max(), t[first - 1].max()
+    layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in LAYER_EVENTS[1:])
     print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
     print(f"    the token's stretches (last block): choose ready -> layer 0 done {(layer0_done - t[0].max()) / 1e3:.2f} us; "
           f"layers 1-{layers - 1} {(last_done - layer0_done) / 1e3:.1f} us; last down done -> lm head ready "
@@ -205,7 +204,7 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     print(f"    {'lm head ready -> lm head done':32s} median block {np.median(lm):6.2f} us  slowest {lm.max():6.2f} us  "
           f"(the critical path above)")
     slowest_blocks(lm[None, :], (t[first] - t[first].max())[None, :] / 1e3)
-    ev = events.index  # per block, mean over the middle layers
+    ev = LAYER_EVENTS.index  # per block, mean over the middle layers
     gu = np.array([e[ev("gate/up done")] - e[ev("gate/up ready")] for e in mid]).mean(axis=0) / 1e3
     dn = np.array([e[ev("down done")] - e[ev("down ready")] for e in mid]).mean(axis=0) / 1e3
     slow_multiprocessors(be, {"gate/up": gu, "down": dn, "lm head": lm})
@@ -302,7 +301,6 @@ def ring_demand(be, t, layer: int) -> None:
     n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
-    events = LAYER_EVENTS
     first = layer_event(layer, "qkv ready")
     t0, t1 = t[first].max(), t[layer_event(layer, "down done")].min()  # every block records between these
     if t1 <= t0:
@@ -316,7 +314,7 @@ def ring_demand(be, t, layer: int) -> None:
     print(f"  refills issued in layer {layer} while every block ran it ({(t1 - t0) / 1e3:.1f} us): "
           f"{nbytes.sum() / 1e6:.1f} MB; TB/s per {RING_BIN_US} us from its last 'qkv ready':")
     print("    " + " ".join(f"{e:+.1f}:{r:.1f}" for e, r in zip(edges[:-1], rates)))
-    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(events))
+    phases = " ".join(f"{name} {(t[first + k].max() - t0) / 1e3:+.2f}" for k, name in enumerate(LAYER_EVENTS))
     print(f"    its phases, last block (us): {phases}")
     recorded = stamps > 0  # every refill of the layer, each block's whole stretch of it
     which = pieces[recorded] >> 8
