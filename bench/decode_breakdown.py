@@ -69,6 +69,7 @@ VARIANTS = {
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},
     "ring-4": {"KOG_RING": "4"},
+    "ring-5": {"KOG_RING": "5"},  # (Qwen2.5's 1.5 KB granules: 90 KB a block, the stash what still fits)
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},
     "u-2": {"KOG_U": "2"},
@@ -79,6 +80,10 @@ VARIANTS = {
     "nthr-512": {"KOG_NTHR": "512"},
     "att-tbr-1": {"KOG_ATT_TBR": "1"},  # attention tiles per round (units per kv head follow)
     "att-tbr-2": {"KOG_ATT_TBR": "2"},
+    "qkv-skip-0": {"KOG_QKV_SKIP": "0"},  # every block takes QKV rows (the default but where G x D reaches 512)
+    "qkv-skip-3": {"KOG_QKV_SKIP": "3"},  # blocks 0-2 (attention units at every position) take none
+    "qkv-skip-8": {"KOG_QKV_SKIP": "8"},  # ... blocks 0-7 (Llama, Qwen3: every kv head's first unit)
+    "qkv-skip-12": {"KOG_QKV_SKIP": "12"},  # ... blocks 0-11 (Qwen2.5's default: every head group's first unit)
     "att-rmax-0": {"KOG_ATT_RMAX": "0"},  # every attention unit takes all query heads of its kv head
     "att-rmax-1": {"KOG_ATT_RMAX": "1"},  # query heads split over blocks where units take one round of tiles
     "att-rmax-2": {"KOG_ATT_RMAX": "2"},  # ... at most two rounds
@@ -100,9 +105,9 @@ VARIANTS = {
     "slot-4": {"KOG_SLOT_U": "4"},  # ring and stash slots of 2 KB whatever the granules (v33)
     "stash-pace-2": {"KOG_STASH_PACE": "2"},  # a paced stashing warp keeps two granules in flight
     "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three
-    "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing
+    "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing (the default where G x D reaches 512)
     "stash-att-1": {"KOG_STASH_ATT": "1"},  # ... stash gate/up right after the attention
-    "stash-att-2": {"KOG_STASH_ATT": "2"},  # ... after their O rows (the default)
+    "stash-att-2": {"KOG_STASH_ATT": "2"},  # ... after their O rows (the default but where G x D reaches 512)
     "stash-att-3": {"KOG_STASH_ATT": "3"},  # ... after their O rows, paced
     "stash-dn-0": {"KOG_STASH_DN": "0"},  # no down granules stashed
     "stash-dn-1": {"KOG_STASH_DN": "1"},  # down's granules stashed once gate/up is done, at once
@@ -231,13 +236,16 @@ def slow_multiprocessors(be, work: dict) -> None:
 def slowest_blocks(work, ready) -> None:
     """Whether the blocks that end a matrix phase last are the same in every layer: the five
     slowest by mean work, how often each is among the ten slowest of a layer, and how long
-    before the last block it started (work and ready: [layer, block], us)."""
+    before the last block it started; then the blocks that started last (work and ready:
+    [layer, block], us)."""
     mean = work.mean(axis=0)
     among = (np.argsort(np.argsort(-work, axis=1), axis=1) < 10).mean(axis=0)
     top = np.argsort(-mean)[:5]
     print("      slowest blocks (mean work, among the 10 slowest, start before the last): " + "; ".join(
         f"{b}: {mean[b]:.2f} us, {among[b]:.0%}, {-ready[:, b].mean():.2f} us" for b in top)
         + f"; all blocks: {np.median(mean):.2f} us, start {-np.median(ready):.2f} us")
+    late = np.argsort(ready.mean(axis=0))[::-1][:8]
+    print("      last to start (block: mean us before the last): " + "; ".join(f"{b}: {-ready[:, b].mean():.2f}" for b in late))
 
 
 # kernels/decode.cu trace_att stamps, in the order they happen (the last round's, for 6 and 7)

@@ -55,7 +55,8 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
 // as tagged words for the gate/up norm, and as their change added to the summed words, to which
 // down's slices then add their partial sums (decode_sync.cuh). A token's first layer starts from
 // its embedding row (xown) where the summed words still hold the last token's stream.
-static_assert(NQKV >= NBLK, "every block reads the stream before its QKV rows: no O add can come before that read");
+// (A block that takes no QKV rows, QKV_SKIP, runs an attention unit instead, which O's adds need too.)
+static_assert(NQKV >= NBLK - QKV_SKIP, "every block reads the stream before its QKV rows: no O add can come before that read");
 __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const float* xown, int l) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
     const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;

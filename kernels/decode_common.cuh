@@ -31,8 +31,8 @@
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
 #endif
-#ifndef KOG_STASH_ATT  // timing experiments: where a block that ran the attention stashes gate/up (STASH_ATT below)
-#define KOG_STASH_ATT 2
+#ifndef KOG_STASH_ATT  // timing experiments: where a block that ran the attention stashes gate/up (STASH_ATT below; -1: by shape)
+#define KOG_STASH_ATT -1
 #endif
 #ifndef KOG_STASH_DN  // timing experiments: down's stash (STASH_DN below; -1: by shape)
 #define KOG_STASH_DN -1
@@ -52,6 +52,9 @@
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
+#ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
+#define KOG_QKV_SKIP -1
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -102,6 +105,20 @@ constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;
 // 1.5 with 6, SmolLM2 (3, 64) 1.3 us with 9. Splitting Qwen2.5's heads gained +0.9%, where SmolLM2
 // lost 4% and Llama (4, 64) moved +0.3% (PERF.md session 18): so only where G x D reaches 512.
 constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : G * D >= 512 ? 1 : 0;
+// Blocks 0 .. att_min_blocks() - 1 run an attention unit at every position: att_unit_of at one
+// tile (the most head groups where ATT_RMAX > 0, one unit each); more tiles never take fewer blocks.
+__host__ __device__ constexpr int att_min_blocks() {
+    int groups = 1;
+    for (int h = G; ATT_RMAX > 0 && h > 1; --h)
+        if (groups == 1 && G % h == 0 && NKV * h <= NBLK) groups = h;
+    return NKV * groups;
+}
+// QKV_SKIP: the first blocks, which run the attention at every position, take no QKV rows: their
+// layer-input poll waits behind their early K/V tiles (ATT_EARLY), so they start QKV ~0.4 us after
+// the median block (PERF.md session 28). Measured: Qwen2.5 (12 blocks) +0.4%, Llama (8) -0.6%,
+// SmolLM2 (3) -1%: where G x D reaches 512, like ATT_RMAX's split.
+constexpr int QKV_SKIP = KOG_QKV_SKIP >= 0 ? KOG_QKV_SKIP : G * D >= 512 ? att_min_blocks() : 0;
+static_assert(QKV_SKIP >= 0 && QKV_SKIP <= att_min_blocks(), "only blocks that always run the attention skip QKV");
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
@@ -220,16 +237,17 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     return kv < 64 ? (kv + 31) / 32 : best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-template <int K, int NROWS, int RU, int GROUPS = 1>
-struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks
+template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0>
+struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
+             // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only)
     static constexpr int KV = K / 8;  // 16-byte vectors per row
     static constexpr int U = pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
     static constexpr int NUNITS = NROWS / RU;
-    static constexpr int NB_LO = NBLK / GROUPS, NB_HI = (NBLK + GROUPS - 1) / GROUPS;  // blocks of a group
-    static_assert(NB_LO >= 1, "a block for every column slice");
+    static constexpr int NB_LO = (NBLK - SKIP) / GROUPS, NB_HI = (NBLK + GROUPS - 1) / GROUPS;  // blocks of a group
+    static_assert(NB_LO >= 1 && (SKIP == 0 || GROUPS == 1), "a block for every column slice");
     static constexpr int MAXR = (NUNITS + NB_LO - 1) / NB_LO * RU;
     // Where a warp takes at most four granules (SmolLM2's four layer products, QKV and O on the
     // big shapes but Qwen3's QKV), each lane leaves its partial sum in shared memory and the
@@ -244,6 +262,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     __device__ static int first(int k) { return (k * NBLK + GROUPS - 1) / GROUPS; }
     // block b's rows: row0(b) .. row1(b) - 1 of its group's NROWS
     __device__ static int row_at(int b, int end) {
+        if (GROUPS == 1 && SKIP > 0) return b + end <= SKIP ? 0 : (int)(((long long)(b + end - SKIP) * NUNITS) / (NBLK - SKIP)) * RU;
         if (GROUPS == 1) return (int)(((long long)(b + end) * NUNITS) / NBLK) * RU;
         const int k = group(b), j = b - first(k) + end;
         return (first(k + 1) - first(k) == NB_LO ? j * NUNITS / NB_LO : j * NUNITS / NB_HI) * RU;  // constant divisors
@@ -252,7 +271,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     __device__ static int row1(int b) { return row_at(b, 1); }
     __device__ static long long tile_at(int b) { return ((long long)group(b) * NROWS + row0(b)) * K; }  // elements
 };
-using MQKV = Mv<H, NQKV, 1>;
+using MQKV = Mv<H, NQKV, 1, 1, QKV_SKIP>;
 using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
@@ -358,9 +377,12 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 // memory past the products' inputs and sums (the K/V tiles' place: the next layer's first tiles
 // land there after down). Where a block's share of a layer fits the ring (SmolLM2) the ring
 // already runs a layer ahead: no stash. STASH_ATT: a block with attention work stashes gate/up 0
-// never, 1 after the attention, 2 after its O rows (3: the same, paced); STASH_DN: 0 no down stash,
-// 1 at once, 2 paced: paced, but none where G x D reaches 512 (Qwen2.5: +1% without it since
-// down is split, Llama -0.5%; a measured split, like ATT_RMAX's).
+// never, 1 after the attention, 2 after its O rows (3: the same, paced): 2, but none where G x D
+// reaches 512 (Qwen2.5, whose head groups put 12-60 units on the grid at short contexts: +0.9%
+// without it since v34's slots, Llama -1.5% at v27; its unpaced bytes delay those blocks' gate/up
+// poll, PERF.md session 28); STASH_DN: 0 no down stash, 1 at once, 2 paced: paced, but none where
+// G x D reaches 512 (Qwen2.5: +1% without it since down is split, Llama -0.5%; measured splits,
+// like ATT_RMAX's).
 // 96 KB of slots a block (four 2 KB granules per warp, five of 1.5 KB: PERF.md v34, where six and
 // seven lost), or as many as fit beside the ring (grids of fewer blocks have larger shares and
 // inputs: the stash shrinks there, down to none).
@@ -368,7 +390,7 @@ constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per blo
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
-constexpr int STASH_ATT = KOG_STASH_ATT;
+constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : G * D >= 512 ? 0 : 2;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
