@@ -13,7 +13,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
   KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
-  after them paced,
+  after them paced (by shape by default), KOG_QKV_SKIP=n leaves blocks 0..n-1, which run the
+  attention at every position, without QKV rows (by shape by default),
   KOG_STASH_DN=0|1|2 stashes down's granules once gate/up is done never, at once or paced,
   KOG_STASH_XS=0|1 drops or takes gate/up's extra stash granule in the input region's gaps (where they
   fit); it also sizes that region (0: for down's column slice, whose room may add a stash granule);
