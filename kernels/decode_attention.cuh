@@ -15,40 +15,6 @@
 // before its QKV input is polled, so that it lands during that hop and the QKV product instead
 // of delaying the q/k/v gather.
 
-__device__ __forceinline__ int att_units_per_head(int ntile, int& tpu) {
-    const int want = min((ntile + TBR - 1) / TBR, NBLK / NKV);
-    tpu = (ntile + want - 1) / want;  // tiles per block-unit
-    return (ntile + tpu - 1) / tpu;   // no empty unit
-}
-
-struct AttUnit {  // a block's attention unit for one token: kv head g, its query heads h0 .. h0 + gh - 1, unit bc of nbc, tiles [t0, t1)
-    int g, h0, gh, bc, nbc, t0, t1;
-};
-// Block b's unit when the token sits at position pos; false where the block has none. While the
-// context is short (ATT_RMAX), a kv head's query heads are split over several blocks, the most
-// groups whose units take at most ATT_RMAX rounds of tiles and fit the grid: each block then
-// runs fewer (head, tile) pairs, and its units need no merge where one unit covers every tile.
-__device__ __forceinline__ bool att_unit_of(int b, int pos, AttUnit& a) {
-    const int ntile = (pos + 32) / 32;
-    int groups = 1, tpu = 0;
-    if (ATT_RMAX > 0) {
-        constexpr int RMAX = cmax(ATT_RMAX, 1);  // (ATT_RMAX > 0 here: no division by zero in dead code)
-        const int want = ((ntile + TBR - 1) / TBR + RMAX - 1) / RMAX;  // units per (kv head, group)
-#pragma unroll
-        for (int h = G; h > 1; --h)
-            if (groups == 1 && G % h == 0 && NKV * h * want <= NBLK) groups = h;
-        if (groups > 1) tpu = (ntile + want - 1) / want, a.nbc = (ntile + tpu - 1) / tpu;
-    }
-    if (groups == 1) a.nbc = att_units_per_head(ntile, tpu);
-    const int per_g = groups * a.nbc;
-    if (b >= NKV * per_g) return false;
-    a.g = b / per_g;
-    const int r = b - a.g * per_g, hg = groups > 1 ? r / a.nbc : 0;
-    a.bc = r - hg * a.nbc;
-    a.gh = G / groups, a.h0 = hg * a.gh;
-    a.t0 = a.bc * tpu, a.t1 = min(ntile, a.t0 + tpu);
-    return true;
-}
 __device__ __forceinline__ float* att_stage(const Ctx& c, int s) {  // stage s of the K/V tiles
     return c.sm + ATT_T0 + (ATT_STAGES - 1 - s) * (TBR * TILE_F);
 }

@@ -105,13 +105,57 @@ constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;
 // 1.5 with 6, SmolLM2 (3, 64) 1.3 us with 9. Splitting Qwen2.5's heads gained +0.9%, where SmolLM2
 // lost 4% and Llama (4, 64) moved +0.3% (PERF.md session 18): so only where G x D reaches 512.
 constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : G * D >= 512 ? 1 : 0;
-// Blocks 0 .. att_min_blocks() - 1 run an attention unit at every position: att_unit_of at one
-// tile (the most head groups where ATT_RMAX > 0, one unit each); more tiles never take fewer blocks.
+constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
+constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
+static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
+
+// ---- the attention's plan: which blocks run which (kv head, query heads, tiles) -----------
+__host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, int& tpu) {
+    const int want = cmin((ntile + TBR - 1) / TBR, NBLK / NKV);
+    tpu = (ntile + want - 1) / want;  // tiles per block-unit
+    return (ntile + tpu - 1) / tpu;   // no empty unit
+}
+
+struct AttUnit {  // a block's attention unit for one token: kv head g, its query heads h0 .. h0 + gh - 1, unit bc of nbc, tiles [t0, t1)
+    int g, h0, gh, bc, nbc, t0, t1;
+};
+// Block b's unit when the token sits at position pos; false where the block has none. While the
+// context is short (ATT_RMAX), a kv head's query heads are split over several blocks, the most
+// groups whose units take at most ATT_RMAX rounds of tiles and fit the grid: each block then
+// runs fewer (head, tile) pairs, and its units need no merge where one unit covers every tile.
+__host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, AttUnit& a) {
+    const int ntile = (pos + 32) / 32;
+    int groups = 1, tpu = 0;
+    if (ATT_RMAX > 0) {
+        constexpr int RMAX = cmax(ATT_RMAX, 1);  // (ATT_RMAX > 0 here: no division by zero in dead code)
+        const int want = ((ntile + TBR - 1) / TBR + RMAX - 1) / RMAX;  // units per (kv head, group)
+#pragma unroll
+        for (int h = G; h > 1; --h)
+            if (groups == 1 && G % h == 0 && NKV * h * want <= NBLK) groups = h;
+        if (groups > 1) tpu = (ntile + want - 1) / want, a.nbc = (ntile + tpu - 1) / tpu;
+    }
+    if (groups == 1) a.nbc = att_units_per_head(ntile, tpu);
+    const int per_g = groups * a.nbc;
+    if (b >= NKV * per_g) return false;
+    a.g = b / per_g;
+    const int r = b - a.g * per_g, hg = groups > 1 ? r / a.nbc : 0;
+    a.bc = r - hg * a.nbc;
+    a.gh = G / groups, a.h0 = hg * a.gh;
+    a.t0 = a.bc * tpu, a.t1 = cmin(ntile, a.t0 + tpu);
+    return true;
+}
+// Blocks 0 .. att_min_blocks() - 1 run an attention unit at every position (units take the grid's
+// first blocks). Past TBR x RMAX x NBLK tiles a kv head's query heads form one group of about
+// NBLK / NKV units, more than the fewest, so the plans up to there decide it (a 16-block grid takes
+// 10 on Qwen2.5 where one tile takes 12: the fewest is not always at one tile).
 __host__ __device__ constexpr int att_min_blocks() {
-    int groups = 1;
-    for (int h = G; ATT_RMAX > 0 && h > 1; --h)
-        if (groups == 1 && G % h == 0 && NKV * h <= NBLK) groups = h;
-    return NKV * groups;
+    int least = NBLK;
+    for (int t = 1; t <= TBR * cmax(ATT_RMAX, 1) * NBLK; ++t) {
+        AttUnit a{};
+        att_unit_of(0, 32 * (t - 1), a);  // block 0 always has a unit; its group holds nbc of them
+        least = cmin(least, NKV * (G / a.gh) * a.nbc);
+    }
+    return least;
 }
 // QKV_SKIP: the first blocks, which run the attention at every position, take no QKV rows: their
 // layer-input poll waits behind their early K/V tiles (ATT_EARLY), so they start QKV ~0.4 us after
@@ -119,9 +163,6 @@ __host__ __device__ constexpr int att_min_blocks() {
 // SmolLM2 (3) -1%: where G x D reaches 512, like ATT_RMAX's split.
 constexpr int QKV_SKIP = KOG_QKV_SKIP >= 0 ? KOG_QKV_SKIP : G * D >= 512 ? att_min_blocks() : 0;
 static_assert(QKV_SKIP >= 0 && QKV_SKIP <= att_min_blocks(), "only blocks that always run the attention skip QKV");
-constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
-constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
-static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
 // Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
 // the next round's tiles while it computes this one's (long contexts: PERF.md v16).
 constexpr int ATT_BUDGET2 = 30000;  // floats (117 KB)
