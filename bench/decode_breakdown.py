@@ -51,6 +51,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from pathlib import Path
 
@@ -197,8 +198,11 @@ def trace(be, prompt, layers: int, traced: int) -> None:
               f"critical path {crit.mean():6.2f} us")
         if LAYER_EVENTS[a].endswith("ready") and LAYER_EVENTS[a + 1].endswith("done"):  # a matrix phase
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
+    work, crit = hop_into_next_layer(per_layer)
+    print(f"    {'down done -> qkv ready (next)':32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
+          f"critical path {crit.mean():6.2f} us")
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
-    print(f"    layer: {layer:.2f} us")
+    print(f"    layer: {layer:.2f} us ('qkv ready' -> 'down done'; {layer + crit.mean():.2f} with the hop above)")
     layer0_done, last_done = t[layer_event(0, LAYER_EVENTS[-1])].max(), t[first - 1].max()
     layer0 = " ".join(f"{name} +{(t[layer_event(0, name)].max() - t[0].max()) / 1e3:.2f}" for name in LAYER_EVENTS[1:])
     print(f"    layer 0's phases, last block (us from 'choose ready'): {layer0}")
@@ -232,6 +236,18 @@ def slow_multiprocessors(be, work: dict) -> None:
     print("    per-block work, rank correlation: " + "; ".join(pairs))
     for name, w in work.items():
         print(f"    {name}: the ten slowest blocks' multiprocessors " + " ".join(str(sm[b]) for b in np.argsort(-w)[:10]))
+
+
+def hop_into_next_layer(per_layer: list) -> tuple:
+    """The hop from a layer's 'down done' to the next layer's 'qkv ready' (the layer-input norm),
+    over the middle pairs of consecutive layers: per block [pair, block] and on the critical path
+    (last 'down done' -> last 'qkv ready') per pair, us. per_layer: each layer's events in
+    LAYER_EVENTS order, [event, block] ns."""
+    pairs = list(itertools.pairwise(per_layer))
+    mid = pairs[len(pairs) // 4 : 3 * len(pairs) // 4] or pairs
+    work = np.array([nxt[0] - cur[-1] for cur, nxt in mid]) / 1e3
+    crit = np.array([nxt[0].max() - cur[-1].max() for cur, nxt in mid]) / 1e3
+    return work, crit
 
 
 def slowest_blocks(work, ready) -> None:
