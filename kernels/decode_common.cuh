@@ -99,12 +99,16 @@ constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
 constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
+// A kv head's query heads span G x D >= 512 values (of the four shapes, Qwen2.5's 6 x 128). Several
+// measured defaults split on this (ATT_RMAX, QKV_SKIP, STASH_ATT, STASH_DN, STASH_XS): a split the
+// timings drew, not one the model explains.
+constexpr bool WIDE_KV_GROUP = G * D >= 512;
 // Rounds of tiles an attention unit takes at most where a kv head's query heads are split over
 // several blocks (att_unit_of; 0: never split). A block's tile math grows with the (query head,
 // tile) pairs it runs and with D: Qwen2.5 (G = 6, D = 128) took 2.2 us a round with 12 pairs and
 // 1.5 with 6, SmolLM2 (3, 64) 1.3 us with 9. Splitting Qwen2.5's heads gained +0.9%, where SmolLM2
 // lost 4% and Llama (4, 64) moved +0.3% (PERF.md session 18): so only where G x D reaches 512.
-constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : G * D >= 512 ? 1 : 0;
+constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 0;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
@@ -161,7 +165,7 @@ __host__ __device__ constexpr int att_min_blocks() {
 // layer-input poll waits behind their early K/V tiles (ATT_EARLY), so they start QKV ~0.4 us after
 // the median block (PERF.md session 28). Measured: Qwen2.5 (12 blocks) +0.4%, Llama (8) -0.6%,
 // SmolLM2 (3) -1%: where G x D reaches 512, like ATT_RMAX's split.
-constexpr int QKV_SKIP = KOG_QKV_SKIP >= 0 ? KOG_QKV_SKIP : G * D >= 512 ? att_min_blocks() : 0;
+constexpr int QKV_SKIP = KOG_QKV_SKIP >= 0 ? KOG_QKV_SKIP : WIDE_KV_GROUP ? att_min_blocks() : 0;
 static_assert(QKV_SKIP >= 0 && QKV_SKIP <= att_min_blocks(), "only blocks that always run the attention skip QKV");
 // Where two rounds' tiles fit (ATT_BUDGET2 beside the 96 KB ring), a unit of several rounds loads
 // the next round's tiles while it computes this one's (long contexts: PERF.md v16).
@@ -303,8 +307,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     __device__ static int first(int k) { return (k * NBLK + GROUPS - 1) / GROUPS; }
     // block b's rows: row0(b) .. row1(b) - 1 of its group's NROWS
     __device__ static int row_at(int b, int end) {
-        if (GROUPS == 1 && SKIP > 0) return b + end <= SKIP ? 0 : (int)(((long long)(b + end - SKIP) * NUNITS) / (NBLK - SKIP)) * RU;
-        if (GROUPS == 1) return (int)(((long long)(b + end) * NUNITS) / NBLK) * RU;
+        if (GROUPS == 1) return SKIP > 0 && b + end <= SKIP ? 0 : (int)(((long long)(b + end - SKIP) * NUNITS) / (NBLK - SKIP)) * RU;
         const int k = group(b), j = b - first(k) + end;
         return (first(k + 1) - first(k) == NB_LO ? j * NUNITS / NB_LO : j * NUNITS / NB_HI) * RU;  // constant divisors
     }
@@ -325,7 +328,7 @@ using MLM = Mv<H, VOCAB, 1>;
 // Sized for the longest input (H, QD, or down's DN_K columns of SiLU(gate)*up); where gate/up's
 // extra stash granule is wanted (STASH_XS: it lives in the gaps O's and gate/up's inputs leave), for
 // all of SiLU(gate)*up. The room a short region frees goes to the stash (STASH_FIT).
-constexpr bool XS_WANTED = KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && G * D < 512);
+constexpr bool XS_WANTED = KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && !WIDE_KV_GROUP);
 constexpr int MV_X = cmax(cmax(H, QD), XS_WANTED ? INTER : DN_K);  // a multiple of 8: the sums after it start on 16 bytes
 static_assert(cmax(cmax(H, QD), DN_K) <= MV_X && MV_X % 8 == 0, "every product's input fits the input region");
 constexpr int XHALF = MV_X / 2;
@@ -431,8 +434,8 @@ constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per blo
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
-constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : G * D >= 512 ? 0 : 2;
-constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : G * D >= 512 ? 0 : 2;
+constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : WIDE_KV_GROUP ? 0 : 2;
+constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
 // input region, up to MV_X (sized for all of SiLU(gate)*up where the granule is wanted): where they
