@@ -40,7 +40,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   product of the traced layer (--trace-layer, by default the middle one), when each warp passed its steps (refills issued, first granule landed,
   granules done, the block's sums in, results stored; the last granule landed and its math done,
   before its refill is issued or held; when the refills held back for the product were issued,
-  before its inputs are loaded); and the weight stream's demand while that layer runs (the
+  before its inputs are loaded); inside the layer's two norms, when each warp passed their steps (its words
+  in, the block's, the sum of squares, staged); and the weight stream's demand while that layer runs (the
   bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed;
   in layer 0 'choose ready' stands for 'qkv ready').
 
@@ -219,6 +220,7 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     dn = np.array([e[ev("down done")] - e[ev("down ready")] for e in mid]).mean(axis=0) / 1e3
     slow_multiprocessors(be, {"gate/up": gu, "down": dn, "lm head": lm})
     attention_units(be, t, traced)
+    norm_steps(be, t, traced)
     product_steps(be, traced)
     ring_demand(be, t, traced)
 
@@ -308,6 +310,28 @@ def product_steps(be, layer: int) -> None:
             col = rel[:, :, k][a[m, :, :, k + 1] > 0]
             cells.append(f"{step} {np.median(col):.2f} / {col.max():.2f}" if col.size else f"{step} -")
         print(f"    {name:8s} " + "; ".join(cells))
+
+
+# kernels/decode_sync.cuh trace_norm stamps per warp of the traced layer's two RMSNorms
+NORM_STAMPS = ("entered", "warp's words in", "block's words in", "sum of squares done", "staged")
+NORM_NAMES = (("layer input", "down done", -1), ("gate/up input", "o done", 0))  # what each norm follows, in which layer
+
+
+def norm_steps(be, t, layer: int) -> None:
+    """Inside the traced layer's two norms (the hops into QKV and into gate/up): per warp, when it
+    passed each step, after the last block's producing phase ended (median / max over blocks and
+    warps, us)."""
+    import cupy as cp
+
+    nw = be.nthr // 32
+    a = cp.ndarray((2, be.nblk, nw, len(NORM_STAMPS)), cp.uint64, be.mod.get_global("kog_trace_norm")).get().astype(np.int64)
+    print(f"  inside the norms of layer {layer}, per warp after the producers' last block (median / max us):")
+    for m, (name, after, shift) in enumerate(NORM_NAMES):
+        if layer + shift < 0:
+            continue
+        rel = (a[m] - t[layer_event(layer + shift, after)].max()) / 1e3
+        cells = [f"{step} {np.median(rel[:, :, k]):.2f} / {rel[:, :, k].max():.2f}" for k, step in enumerate(NORM_STAMPS)]
+        print(f"    {name} (after '{after}'): " + "; ".join(cells))
 
 
 TRACE_RING = 256  # kernels/decode_sync.cuh: refills recorded per warp

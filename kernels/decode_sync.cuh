@@ -62,6 +62,22 @@ __device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int laye
     (void)c, (void)pieces, (void)mat, (void)layer;
 #endif
 }
+#ifdef KOG_TRACE
+// stamps per warp in the traced layer's two RMSNorms (0: the layer input's, 1: gate/up's), k: 0 entered,
+// 1 the warp's words in, 2 the block's words in, 3 sum of squares done, 4 staged (NORM_STAMPS in
+// bench/decode_breakdown.py)
+constexpr int TRACE_NORM = 5;
+__device__ kog_u64 kog_trace_norm[2 * NBLK * NW * TRACE_NORM];
+#endif
+// lane 0 of every warp: stamp k of norm `which` (-1: not traced) of the traced layer of the traced step
+__device__ __forceinline__ void trace_norm(const Ctx& c, int which, int k) {
+#ifdef KOG_TRACE
+    if (which >= 0 && c.lane == 0 && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER)
+        kog_trace_norm[((which * NBLK + c.b) * NW + c.warp) * TRACE_NORM + k] = kog_clock_ns();
+#else
+    (void)c, (void)which, (void)k;
+#endif
+}
 __device__ __forceinline__ void trace_sm(const Ctx& c) {
 #ifdef KOG_TRACE
     if (c.tid == 0) kog_trace_sm[c.b] = kog_sm_id();
@@ -335,13 +351,14 @@ __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], 
 }
 
 // RMSNorm of the residual stream (tagged or summed words W, or an embedding row at layer 0) into
-// shared memory (the split layout of xs_index).
+// shared memory (the split layout of xs_index); `traced` names it for trace_norm.
 template <class W = TagWord>
 __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
-                           const float* w) {
+                           const float* w, int traced = -1) {
     using T = Tagged<H>;
     T x;
     bool ok = true;
+    trace_norm(c, traced, 0);
     if (emb_row) {
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
@@ -352,6 +369,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
     } else {
         ok = gather_tagged<H, W>(c, x, src, tag);
     }
+    trace_norm(c, traced, 1);
     float2 g[T::NV];
     float ss = 0.f;
 #pragma unroll
@@ -361,7 +379,9 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
             ss += x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
         }
     if (!__syncthreads_and(ok)) return false;
+    trace_norm(c, traced, 2);
     ss = block_sum(c, ss);
+    trace_norm(c, traced, 3);
     const float s = sqrtf(ss / (float)H + EPS);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
@@ -369,6 +389,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
             *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) =
                 make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
     __syncthreads();
+    trace_norm(c, traced, 4);
     return true;
 }
 
