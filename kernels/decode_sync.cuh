@@ -382,12 +382,14 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
     trace_norm(c, traced, 2);
     ss = block_sum(c, ss);
     trace_norm(c, traced, 3);
-    const float s = sqrtf(ss / (float)H + EPS);
+    // one reciprocal square root and a multiply an element (as transformers does), not a square root
+    // and a division: they sit between the input's arrival and the product (PERF.md v36)
+    const float r = rsqrtf(ss / (float)H + EPS);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k))
             *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) =
-                make_float2(x.v[k].x / s * g[k].x, x.v[k].y / s * g[k].y);
+                make_float2(x.v[k].x * r * g[k].x, x.v[k].y * r * g[k].y);
     __syncthreads();
     trace_norm(c, traced, 4);
     return true;
