@@ -15,7 +15,8 @@ gathers all of it, as the decode kernel's hops do, many hops in a row (n = 576 .
 the four shapes, on all multiprocessors or a quarter of them, polls back to back or sleeping
 100 ns after a miss, the vector stored once or in 2-8 copies that different blocks poll): what one
 hop costs with no weights streaming and no math, and whether the polls' own traffic slows it;
-and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word.
+and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word;
+and the 576-word hop with a wave sum and a shared store between its polls and its barrier, against none.
 
     python bench/sync_probe.py
 """
@@ -212,10 +213,14 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // words among them and add (red.add.u64, count + 1 in the top byte) to them, and the polls wait
 // until a word's count reads the hop's k adds: what a hop costs when its words are atomic adds done
 // in L2 rather than stores (k = 1), and when each takes k adds from k blocks (down's slices: 3-7).
+// COLLECT: between the poll loop and the barrier that ends the hop, each warp sums its values (five
+// shuffles) and lane 0 stores the sum to shared memory, as an RMSNorm's sum of squares would (the
+// decode kernel lost ~10% with that shape: PERF.md session 29); else the barrier comes straight after.
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
 // from hanging the device).
-template <int NV, bool SUMMED>
+template <int NV, bool SUMMED, bool COLLECT = false>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
+    __shared__ float warp_sums[32];
     const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
     const int k = SUMMED ? copies : 1, ncopy = SUMMED ? 1 : copies;
     const int g = b % k, j = b / k, ng = (nb - g + k - 1) / k;  // group g's blocks: g, g + k, ...
@@ -256,7 +261,14 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
             if (pending && sleep_ns) __nanosleep(sleep_ns);
         }
         gave_up += pending != 0;
+        if (COLLECT) {
+            float w = acc;
+            #pragma unroll
+            for (int m = 16; m > 0; m >>= 1) w += __shfl_xor_sync(0xffffffffu, w, m);
+            if ((t & 31) == 0) warp_sums[t >> 5] = w;
+        }
         __syncthreads();
+        if (COLLECT) acc += warp_sums[(t >> 5) ^ 1];  // (read back only so that the sum is kept: timing, not values)
     }
     const u64 t1 = now();
     if (acc == 1.2345f) sink[0] = acc;
@@ -267,6 +279,7 @@ extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, in
 extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12, false>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_1_collect(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, true>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, true>(vec, n, k, reps, sleep_ns, out, sink); }
@@ -368,6 +381,16 @@ def main() -> None:
             o = out.get()
             print(f"hop of a {n}-word tagged vector, {grid} blocks, {copies} cop{'y' if copies == 1 else 'ies'}, polls "
                   f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
+    for threads in (384, 512):  # SmolLM2's hop at both block sizes: the barrier right after the polls, or after a wave sum
+        for kernel, label in (("probe_hop_1", "the barrier right after the polls"),
+                              ("probe_hop_1_collect", "a wave sum and a shared store before the barrier")):
+            vec.fill(0)
+            out.fill(0)
+            mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
+            cp.cuda.Device().synchronize()
+            o = out.get()
+            print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {o[0]} ns"
+                  + (f" ({o[1]} gave up)" if o[1] else ""))
     for n, nv in ((576, 1), (1536, 2), (2048, 3)):
         for k in (1, 3, 7):
             vec.fill(0)
