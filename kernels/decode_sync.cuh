@@ -30,14 +30,32 @@ __device__ __forceinline__ void trace_att(const Ctx& c, int l, int u, int k) {
 // landed, 7 its math done, 8 held refills issued (bench/decode_breakdown.py MV_STAMPS names 1-8)
 constexpr int TRACE_MV = 9;
 __device__ kog_u64 kog_trace_mv[4 * NBLK * NW * TRACE_MV];
+// stamps per warp in the traced layer's two RMSNorms (0: the layer input's, 1: gate/up's), k: 0 entered,
+// 1 the warp's words in, 2 the block's words in, 3 sum of squares done, 4 staged (NORM_STAMPS in
+// bench/decode_breakdown.py)
+constexpr int TRACE_NORM = 5;
+__device__ kog_u64 kog_trace_norm[2 * NBLK * NW * TRACE_NORM];
+// lane 0 of every warp: stamp k of `which` (a product, a norm) in an array of STAMPS per warp
+template <int STAMPS>
+__device__ __forceinline__ void trace_warp(const Ctx& c, kog_u64* stamps, int which, int k) {
+    if (c.lane == 0 && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER)
+        stamps[((which * NBLK + c.b) * NW + c.warp) * STAMPS + k] = kog_clock_ns();
+}
 #endif
-// lane 0 of every warp: stamp k of product `mat` (MAT_QKV .. MAT_DN) of the traced layer of the traced step
+// stamp k of product `mat` (MAT_QKV .. MAT_DN; the LM head is not traced) of the traced layer of the traced step
 __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
 #ifdef KOG_TRACE
-    if (c.lane == 0 && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER && mat < 4)
-        kog_trace_mv[((mat * NBLK + c.b) * NW + c.warp) * TRACE_MV + k] = kog_clock_ns();
+    if (mat < 4) trace_warp<TRACE_MV>(c, kog_trace_mv, mat, k);
 #else
     (void)c, (void)mat, (void)k;
+#endif
+}
+// stamp k of norm `which` (-1: not traced) of the traced layer of the traced step
+__device__ __forceinline__ void trace_norm(const Ctx& c, int which, int k) {
+#ifdef KOG_TRACE
+    if (which >= 0) trace_warp<TRACE_NORM>(c, kog_trace_norm, which, k);
+#else
+    (void)c, (void)which, (void)k;
 #endif
 }
 #ifdef KOG_TRACE
@@ -60,22 +78,6 @@ __device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int laye
     }
 #else
     (void)c, (void)pieces, (void)mat, (void)layer;
-#endif
-}
-#ifdef KOG_TRACE
-// stamps per warp in the traced layer's two RMSNorms (0: the layer input's, 1: gate/up's), k: 0 entered,
-// 1 the warp's words in, 2 the block's words in, 3 sum of squares done, 4 staged (NORM_STAMPS in
-// bench/decode_breakdown.py)
-constexpr int TRACE_NORM = 5;
-__device__ kog_u64 kog_trace_norm[2 * NBLK * NW * TRACE_NORM];
-#endif
-// lane 0 of every warp: stamp k of norm `which` (-1: not traced) of the traced layer of the traced step
-__device__ __forceinline__ void trace_norm(const Ctx& c, int which, int k) {
-#ifdef KOG_TRACE
-    if (which >= 0 && c.lane == 0 && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER)
-        kog_trace_norm[((which * NBLK + c.b) * NW + c.warp) * TRACE_NORM + k] = kog_clock_ns();
-#else
-    (void)c, (void)which, (void)k;
 #endif
 }
 __device__ __forceinline__ void trace_sm(const Ctx& c) {
