@@ -1,7 +1,8 @@
 """Every kernel source compiles for sm_90 with nvcc (CI, no GPU needed); registers and spills are printed.
 
 The decode kernel compiles with its default shape (Llama-3.2-1B on 132 multiprocessors) and
-with the other target shapes, as the runtime NVRTC build would.
+with the other target shapes, as the runtime NVRTC build would, and as the traced build of
+bench/decode_breakdown.py.
 """
 
 from __future__ import annotations
@@ -32,9 +33,13 @@ SHAPES = {  # -D macros as engine/backends/cuda.py would pass them
 LLAMA_32 = dict(KOG_H=2048, KOG_NH=32, KOG_NKV=8, KOG_D=64, KOG_INTER=8192, KOG_VOCAB=128256, KOG_NL=16, KOG_QKV_BIAS=0,
                 KOG_QK_NORM=0, KOG_EPS="9.999999747378752e-06f", KOG_SCALE="0.125f", KOG_NBLK=32, KOG_TIED=1)
 
+# The traced build bench/decode_breakdown.py makes (its stamps are compiled out of every other build).
+TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
+
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
-         + [("decode.cu", LLAMA_32)])
-IDS = [p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES] + ["decode.cu[llama-3.2-1b-32-blocks]"]
+         + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)])
+IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
+       + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
