@@ -16,7 +16,8 @@ the four shapes, on all multiprocessors or a quarter of them, polls back to back
 100 ns after a miss, the vector stored once or in 2-8 copies that different blocks poll): what one
 hop costs with no weights streaming and no math, and whether the polls' own traffic slows it;
 and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word;
-and the 576-word hop with a wave sum and a shared store between its polls and its barrier, against none.
+and the 576-word hop with a wave sum and a shared store between its polls and its barrier, against none
+(with and without a call inside the poll loop, as the decode kernel's watchdog).
 
     python bench/sync_probe.py
 """
@@ -216,9 +217,12 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // COLLECT: between the poll loop and the barrier that ends the hop, each warp sums its values (five
 // shuffles) and lane 0 stores the sum to shared memory, as an RMSNorm's sum of squares would (the
 // decode kernel lost ~10% with that shape: PERF.md session 29); else the barrier comes straight after.
+// WATCHDOG: every 64th poll round calls a function that is not inlined, as the decode kernel's polls
+// do (its watchdog), which puts a call inside the loop's divergent code.
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
-// from hanging the device).
-template <int NV, bool SUMMED, bool COLLECT = false>
+// from hanging the device); out[2] stays 0 (the watchdog's flag).
+__device__ __noinline__ bool probe_watchdog(const u64* out) { return *(volatile const u64*)(out + 2) != 0; }
+template <int NV, bool SUMMED, bool COLLECT = false, bool WATCHDOG = false>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
     __shared__ float warp_sums[32];
     const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
@@ -259,6 +263,7 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
                     pending &= ~(1u << q);
                 }
             if (pending && sleep_ns) __nanosleep(sleep_ns);
+            if (WATCHDOG && pending && (it & 63) == 63 && probe_watchdog(out)) break;
         }
         gave_up += pending != 0;
         if (COLLECT) {
@@ -280,6 +285,8 @@ extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, in
 extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_1_collect(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, true>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_1_watchdog(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, false, true>(vec, n, copies, reps, sleep_ns, out, sink); }
+extern "C" __global__ void probe_hop_1_watchdog_collect(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, true, true>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, true>(vec, n, k, reps, sleep_ns, out, sink); }
@@ -383,7 +390,9 @@ def main() -> None:
                   f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
     for threads in (384, 512):  # SmolLM2's hop at both block sizes: the barrier right after the polls, or after a wave sum
         for kernel, label in (("probe_hop_1", "the barrier right after the polls"),
-                              ("probe_hop_1_collect", "a wave sum and a shared store before the barrier")):
+                              ("probe_hop_1_collect", "a wave sum and a shared store before the barrier"),
+                              ("probe_hop_1_watchdog", "a call every 64th poll round, the barrier right after the polls"),
+                              ("probe_hop_1_watchdog_collect", "a call every 64th poll round, a wave sum and a store before the barrier")):
             vec.fill(0)
             out.fill(0)
             mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
