@@ -194,14 +194,11 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     for a in range(len(LAYER_EVENTS) - 1):
         work = np.array([e[a + 1] - e[a] for e in mid]) / 1e3  # [layer, block]
         crit = np.array([e[a + 1].max() - e[a].max() for e in mid]) / 1e3
-        name = f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}"
-        print(f"    {name:32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
-              f"critical path {crit.mean():6.2f} us")
+        print_stretch(f"{LAYER_EVENTS[a]} -> {LAYER_EVENTS[a + 1]}", work, crit)
         if LAYER_EVENTS[a].endswith("ready") and LAYER_EVENTS[a + 1].endswith("done"):  # a matrix phase
             slowest_blocks(work, np.array([e[a] - e[a].max() for e in mid]) / 1e3)
     work, crit = hop_into_next_layer(per_layer)
-    print(f"    {'down done -> qkv ready (next)':32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
-          f"critical path {crit.mean():6.2f} us")
+    print_stretch("down done -> qkv ready (next)", work, crit)
     layer = np.array([e[-1].max() - e[0].max() for e in mid]).mean() / 1e3
     print(f"    layer: {layer:.2f} us ('qkv ready' -> 'down done'; {layer + crit.mean():.2f} with the hop above)")
     layer0_done, last_done = t[layer_event(0, LAYER_EVENTS[-1])].max(), t[first - 1].max()
@@ -223,6 +220,12 @@ def trace(be, prompt, layers: int, traced: int) -> None:
     norm_steps(be, t, traced)
     product_steps(be, traced)
     ring_demand(be, t, traced)
+
+
+def print_stretch(name: str, work, crit) -> None:
+    """One line of the per-layer table: work [layer, block] and critical path [layer], us."""
+    print(f"    {name:32s} median block {np.median(work):6.2f} us  slowest {work.max(axis=1).mean():6.2f} us  "
+          f"critical path {crit.mean():6.2f} us")
 
 
 def slow_multiprocessors(be, work: dict) -> None:

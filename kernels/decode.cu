@@ -71,10 +71,11 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
 
 // RMSNorm of the residual stream after `layers` layers of this launch (before QKV, or the final
 // norm): where down is split its slices' sums meet in the summed words; else down's owners
-// published the tagged words.
+// published the tagged words. (The final norm is traced as a layer input too, in layer NL - 1,
+// which bench/decode_breakdown.py never traces.)
 __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, int layers, const float* w) {
-    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w, 0);
-    return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, 0);
+    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
+    return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
@@ -135,7 +136,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
         end_phase(c);
         // --- gate/up + SiLU
-        if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM, 1)) return false;
+        if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
         trace_event(c);
         {
             mv_run<MGU, MAT_GU>(c, xs, red);

@@ -50,7 +50,9 @@ __device__ __forceinline__ void trace_mv(const Ctx& c, int mat, int k) {
     (void)c, (void)mat, (void)k;
 #endif
 }
-// stamp k of norm `which` (-1: not traced) of the traced layer of the traced step
+// the two RMSNorms of a layer, as trace_norm names them
+enum { NORM_UNTRACED = -1, NORM_LAYER_INPUT = 0, NORM_GATE_UP = 1 };
+// stamp k of norm `which` (NORM_UNTRACED: none) of the traced layer of the traced step
 __device__ __forceinline__ void trace_norm(const Ctx& c, int which, int k) {
 #ifdef KOG_TRACE
     if (which >= 0) trace_warp<TRACE_NORM>(c, kog_trace_norm, which, k);
@@ -356,7 +358,7 @@ __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], 
 // shared memory (the split layout of xs_index); `traced` names it for trace_norm.
 template <class W = TagWord>
 __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
-                           const float* w, int traced = -1) {
+                           const float* w, int traced = NORM_UNTRACED) {
     using T = Tagged<H>;
     T x;
     bool ok = true;
