@@ -214,15 +214,18 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // words among them and add (red.add.u64, count + 1 in the top byte) to them, and the polls wait
 // until a word's count reads the hop's k adds: what a hop costs when its words are atomic adds done
 // in L2 rather than stores (k = 1), and when each takes k adds from k blocks (down's slices: 3-7).
-// COLLECT: between the poll loop and the barrier that ends the hop, each warp sums its values (five
-// shuffles) and lane 0 stores the sum to shared memory, as an RMSNorm's sum of squares would (the
-// decode kernel lost ~10% with that shape: PERF.md session 29); else the barrier comes straight after.
-// WATCHDOG: every 64th poll round calls a function that is not inlined, as the decode kernel's polls
-// do (its watchdog), which puts a call inside the loop's divergent code.
+// COLLECT, what runs between the poll loop and the barrier that ends the hop: 0 nothing; 1 each warp
+// sums its values (five shuffles) and lane 0 stores the sum to shared memory, as an RMSNorm's sum of
+// squares would (the decode kernel lost ~10% with that shape: PERF.md session 29); 2 the shuffles
+// only; 3 the shared store only (every lane its own value, as stage_copy stores its words); 4 a
+// __syncwarp only. WATCHDOG: every 64th poll round calls a function that is not inlined, as the
+// decode kernel's polls do (its watchdog), which puts a call inside the loop's divergent code.
+// CONVERGED: the warp polls until none of its lanes misses a word (a vote a round), so that it leaves
+// the loop as one instead of lane by lane.
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
 // from hanging the device); out[2] stays 0 (the watchdog's flag).
 __device__ __noinline__ bool probe_watchdog(const u64* out) { return *(volatile const u64*)(out + 2) != 0; }
-template <int NV, bool SUMMED, bool COLLECT = false, bool WATCHDOG = false>
+template <int NV, bool SUMMED, int COLLECT = 0, bool WATCHDOG = false, bool CONVERGED = false>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
     __shared__ float warp_sums[32];
     const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
@@ -246,7 +249,7 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
         #pragma unroll
         for (int q = 0; q < NV; ++q)
             if (t + q * nt < n / 2) pending |= 1u << q;
-        for (int it = 0; pending && it < (1 << 20); ++it) {
+        for (int it = 0; (CONVERGED ? __any_sync(0xffffffffu, pending) : pending) && it < (1 << 20); ++it) {
             ulonglong2 w[NV];
             #pragma unroll
             for (int q = 0; q < NV; ++q)
@@ -266,14 +269,17 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
             if (WATCHDOG && pending && (it & 63) == 63 && probe_watchdog(out)) break;
         }
         gave_up += pending != 0;
-        if (COLLECT) {
-            float w = acc;
+        float w = acc;
+        if (COLLECT == 1 || COLLECT == 2) {
             #pragma unroll
             for (int m = 16; m > 0; m >>= 1) w += __shfl_xor_sync(0xffffffffu, w, m);
-            if ((t & 31) == 0) warp_sums[t >> 5] = w;
         }
+        if (COLLECT == 1 && (t & 31) == 0) warp_sums[t >> 5] = w;
+        if (COLLECT == 2) acc = w;
+        if (COLLECT == 3) warp_sums[t & 31] = w;
+        if (COLLECT == 4) __syncwarp();
         __syncthreads();
-        if (COLLECT) acc += warp_sums[(t >> 5) ^ 1];  // (read back only so that the sum is kept: timing, not values)
+        if (COLLECT == 1 || COLLECT == 3) acc += warp_sums[(t >> 5) ^ 1];  // (read back only so that the sum is kept: timing, not values)
     }
     const u64 t1 = now();
     if (acc == 1.2345f) sink[0] = acc;
@@ -284,9 +290,19 @@ extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, in
 extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12, false>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_1_collect(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, true>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_1_watchdog(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, false, true>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_1_watchdog_collect(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false, true, true>(vec, n, copies, reps, sleep_ns, out, sink); }
+#define HOP_VARIANT(NAME, ...) \
+    extern "C" __global__ void NAME(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { \
+        hop_chain<__VA_ARGS__>(vec, n, copies, reps, sleep_ns, out, sink); }
+HOP_VARIANT(probe_hop_1_collect, 1, false, 1)
+HOP_VARIANT(probe_hop_1_shuffles, 1, false, 2)
+HOP_VARIANT(probe_hop_1_store, 1, false, 3)
+HOP_VARIANT(probe_hop_1_syncwarp, 1, false, 4)
+HOP_VARIANT(probe_hop_1_watchdog, 1, false, 0, true)
+HOP_VARIANT(probe_hop_1_watchdog_collect, 1, false, 1, true)
+HOP_VARIANT(probe_hop_1_converged, 1, false, 0, false, true)
+HOP_VARIANT(probe_hop_1_converged_collect, 1, false, 1, false, true)
+HOP_VARIANT(probe_hop_1_converged_store, 1, false, 3, false, true)
+HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
 extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, true>(vec, n, k, reps, sleep_ns, out, sink); }
@@ -391,8 +407,15 @@ def main() -> None:
     for threads in (384, 512):  # SmolLM2's hop at both block sizes: the barrier right after the polls, or after a wave sum
         for kernel, label in (("probe_hop_1", "the barrier right after the polls"),
                               ("probe_hop_1_collect", "a wave sum and a shared store before the barrier"),
+                              ("probe_hop_1_shuffles", "a wave sum (no store) before the barrier"),
+                              ("probe_hop_1_store", "a shared store (no wave sum) before the barrier"),
+                              ("probe_hop_1_syncwarp", "a __syncwarp before the barrier"),
                               ("probe_hop_1_watchdog", "a call every 64th poll round, the barrier right after the polls"),
-                              ("probe_hop_1_watchdog_collect", "a call every 64th poll round, a wave sum and a store before the barrier")):
+                              ("probe_hop_1_watchdog_collect", "a call every 64th poll round, a wave sum and a store before the barrier"),
+                              ("probe_hop_1_converged", "warps poll until all lanes are in, the barrier right after"),
+                              ("probe_hop_1_converged_collect", "warps poll until all lanes are in, a wave sum and a store before the barrier"),
+                              ("probe_hop_1_converged_store", "warps poll until all lanes are in, a shared store before the barrier"),
+                              ("probe_hop_1_watchdog_converged_collect", "warps poll until all lanes are in, a call every 64th round, a wave sum and a store")):
             vec.fill(0)
             out.fill(0)
             mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
