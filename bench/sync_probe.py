@@ -218,7 +218,8 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // sums its values (five shuffles) and lane 0 stores the sum to shared memory, as an RMSNorm's sum of
 // squares would (the decode kernel lost ~10% with that shape: PERF.md session 29); 2 the shuffles
 // only; 3 the shared store only (every lane its own value, as stage_copy stores its words); 4 a
-// __syncwarp only. WATCHDOG: every 64th poll round calls a function that is not inlined, as the
+// __syncwarp only; 5 nothing, but the barrier is __syncthreads_and (as the decode kernel's hops end,
+// with their watchdog's verdict). WATCHDOG: every 64th poll round calls a function that is not inlined, as the
 // decode kernel's polls do (its watchdog), which puts a call inside the loop's divergent code.
 // CONVERGED: the warp polls until none of its lanes misses a word (a vote a round), so that it leaves
 // the loop as one instead of lane by lane.
@@ -278,7 +279,8 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
         if (COLLECT == 2) acc = w;
         if (COLLECT == 3) warp_sums[t & 31] = w;
         if (COLLECT == 4) __syncwarp();
-        __syncthreads();
+        if (COLLECT == 5) gave_up += !__syncthreads_and(pending == 0);
+        else __syncthreads();
         if (COLLECT == 1 || COLLECT == 3) acc += warp_sums[(t >> 5) ^ 1];  // (read back only so that the sum is kept: timing, not values)
     }
     const u64 t1 = now();
@@ -297,11 +299,13 @@ HOP_VARIANT(probe_hop_1_collect, 1, false, 1)
 HOP_VARIANT(probe_hop_1_shuffles, 1, false, 2)
 HOP_VARIANT(probe_hop_1_store, 1, false, 3)
 HOP_VARIANT(probe_hop_1_syncwarp, 1, false, 4)
+HOP_VARIANT(probe_hop_1_barrier_and, 1, false, 5)
 HOP_VARIANT(probe_hop_1_watchdog, 1, false, 0, true)
 HOP_VARIANT(probe_hop_1_watchdog_collect, 1, false, 1, true)
 HOP_VARIANT(probe_hop_1_converged, 1, false, 0, false, true)
 HOP_VARIANT(probe_hop_1_converged_collect, 1, false, 1, false, true)
 HOP_VARIANT(probe_hop_1_converged_store, 1, false, 3, false, true)
+HOP_VARIANT(probe_hop_1_converged_barrier_and, 1, false, 5, false, true)
 HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
 extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
 extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
@@ -410,11 +414,13 @@ def main() -> None:
                               ("probe_hop_1_shuffles", "a wave sum (no store) before the barrier"),
                               ("probe_hop_1_store", "a shared store (no wave sum) before the barrier"),
                               ("probe_hop_1_syncwarp", "a __syncwarp before the barrier"),
+                              ("probe_hop_1_barrier_and", "the barrier right after the polls, as __syncthreads_and"),
                               ("probe_hop_1_watchdog", "a call every 64th poll round, the barrier right after the polls"),
                               ("probe_hop_1_watchdog_collect", "a call every 64th poll round, a wave sum and a store before the barrier"),
                               ("probe_hop_1_converged", "warps poll until all lanes are in, the barrier right after"),
                               ("probe_hop_1_converged_collect", "warps poll until all lanes are in, a wave sum and a store before the barrier"),
                               ("probe_hop_1_converged_store", "warps poll until all lanes are in, a shared store before the barrier"),
+                              ("probe_hop_1_converged_barrier_and", "warps poll until all lanes are in, __syncthreads_and right after"),
                               ("probe_hop_1_watchdog_converged_collect", "warps poll until all lanes are in, a call every 64th round, a wave sum and a store")):
             vec.fill(0)
             out.fill(0)
