@@ -75,12 +75,11 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
     Mx = -KOG_INF, L = 0.f;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
         const int j = j0 + c.lane;
-        float mj = -KOG_INF, lj = 0.f;
-        if (j < nbc) {
-            kog_u64 wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
-            ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag);
-            mj = kog_value_of(wm), lj = kog_value_of(wl);
-        }
+        const bool has = j < nbc;
+        kog_u64 wm = 0, wl = 0;
+        if (has) wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
+        ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag, has) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag, has);
+        const float mj = has ? kog_value_of(wm) : -KOG_INF, lj = has ? kog_value_of(wl) : 0.f;
         const float Mn = fmaxf(Mx, kog_wave_max(mj));
         L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(j < nbc ? expf(mj - Mn) * lj : 0.f);
         Mx = Mn;

@@ -250,24 +250,33 @@ struct SumWord {  // how a consumer reads a summed word
 template <class W = TagWord>
 __device__ __forceinline__ bool tag_ready(kog_u64 w, unsigned tag) { return KOG_EXP == 4 || W::tag(w) == tag; }
 
-// After poll round `it` of a tagged wait left words missing: back off (KOG_POLL_NS) and, every
-// 64th round, check the watchdog (t0: when the wait began, 0 until first checked). False: give up.
+// Tagged waits poll with the whole wave: it loops until no lane misses a word, and leaves the loop
+// as one. A wave whose lanes leave one by one reconverges after the loop at a cost: a hop ending in
+// a barrier takes ~0.1 us longer, and one ending in a warp collective (a wave sum) ~0.4 us longer
+// (bench/sync_probe.py, PERF.md session 30).
+// After poll round `it` left words missing in the wave: back off (KOG_POLL_NS) and, every 64th
+// round, check the watchdog (lane 0; t0: when the wait began, 0 until first checked). False, in
+// every lane alike: give up.
 __device__ __forceinline__ bool poll_again(const Ctx& c, int it, kog_u64& t0, unsigned tag) {
     if (KOG_POLL_NS) kog_sleep_ns(KOG_POLL_NS);
     if ((it & 63) == 0) {
-        if (t0 == 0) t0 = kog_clock_ns();
-        else if (tagged_timeout(c.P, t0, tag)) return false;
+        bool late = false;
+        if (c.lane == 0) {
+            if (t0 == 0) t0 = kog_clock_ns();
+            else late = tagged_timeout(c.P, t0, tag);
+        }
+        return !kog_wave_any(late);
     }
     return true;
 }
 
-// A tagged word loaded ahead (already published, as a rule): if it does not carry `tag` yet,
-// poll it until it does. False on timeout.
-__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag) {
+// Every lane of a wave: a tagged word loaded ahead from p (already published, as a rule; lanes
+// with `has` false have none): if it does not carry `tag` yet, poll it until it does. False on timeout.
+__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag, bool has = true) {
     kog_u64 t0 = 0;
-    for (int it = 1; !tag_ready(w, tag); ++it) {
+    for (int it = 1; kog_wave_any(has && !tag_ready(w, tag)); ++it) {
         if (!poll_again(c, it, t0, tag)) return false;
-        w = kog_ld_tagged(p);
+        if (has && !tag_ready(w, tag)) w = kog_ld_tagged(p);
     }
     return true;
 }
@@ -290,7 +299,7 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k)) pending |= 1u << k;
     kog_u64 t0 = 0;
-    for (int it = 1; pending; ++it) {
+    for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
         ulonglong2 w[T::NV];
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
@@ -322,17 +331,18 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
                     pending &= ~(1u << k);
                 }
         }
-        if (pending && !poll_again(c, it, t0, tag)) return false;
+        if (!kog_wave_any(pending)) break;
+        if (!poll_again(c, it, t0, tag)) return false;
     }
     return true;
 }
 
-// One thread: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together).
+// One thread of a wave: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together).
 template <int n, int STRIDE>
 __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
     unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
-    for (int it = 1; pending; ++it) {
+    for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
         kog_u64 w[n];
 #pragma unroll
         for (int i = 0; i < n; ++i)
@@ -343,7 +353,8 @@ __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64
                 v[i] = kog_value_of(w[i]);
                 pending &= ~(1u << i);
             }
-        if (pending && !poll_again(c, it, t0, tag)) return false;
+        if (!kog_wave_any(pending)) break;
+        if (!poll_again(c, it, t0, tag)) return false;
     }
     return true;
 }
