@@ -393,9 +393,14 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
             g[k] = __ldg(reinterpret_cast<const float2*>(w) + c.tid + k * NTHR);
             ss += x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
         }
+    // the wave sum before the barrier: the wave left its poll loop as one (PERF.md session 30)
+    ss = kog_wave_sum(ss);
+    if (c.lane == 0) c.red16[c.warp] = ss;
     if (!__syncthreads_and(ok)) return false;
     trace_norm(c, traced, 2);
-    ss = block_sum(c, ss);
+    ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < NW; ++i) ss += c.red16[i];  // (the staging barrier below guards red16's reuse)
     trace_norm(c, traced, 3);
     // one reciprocal square root and a multiply an element (as transformers does), not a square root
     // and a division: they sit between the input's arrival and the product (PERF.md v36)
