@@ -171,18 +171,6 @@ __device__ __forceinline__ void arrive(Ctx& c) {
     if (c.tid == 0) kog_st_release_u32(c.P->flags + c.b, c.epoch);  // release covers the block (bar.sync)
 }
 
-// ---- block reductions --------------------------------------------------------------------
-__device__ float block_sum(const Ctx& c, float v) {
-    v = kog_wave_sum(v);
-    if (c.lane == 0) c.red16[c.warp] = v;
-    __syncthreads();
-    float s = 0.f;
-#pragma unroll
-    for (int i = 0; i < NW; ++i) s += c.red16[i];
-    __syncthreads();
-    return s;
-}
-
 // ---- tagged vectors ----------------------------------------------------------------------
 // x, qkv, attn (and a short act) cross blocks as tagged words: the producer stores (phase, value) in one
 // 8-byte word, and a consumer spins on the words it needs until each carries the phase it
@@ -337,12 +325,13 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
     return true;
 }
 
-// One thread of a wave: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together).
+// One thread: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together;
+// every lane of the wave calls it, as every tagged wait: see poll_again).
 template <int n, int STRIDE>
 __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
     unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
-    for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
+    for (int it = 1;; ++it) {
         kog_u64 w[n];
 #pragma unroll
         for (int i = 0; i < n; ++i)
