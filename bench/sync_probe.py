@@ -16,8 +16,9 @@ the four shapes, on all multiprocessors or a quarter of them, polls back to back
 100 ns after a miss, the vector stored once or in 2-8 copies that different blocks poll): what one
 hop costs with no weights streaming and no math, and whether the polls' own traffic slows it;
 and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word;
-and the 576-word hop with a wave sum and a shared store between its polls and its barrier, against none
-(with and without a call inside the poll loop, as the decode kernel's watchdog).
+and the 576-word hop with a wave sum, a shared store or both between its polls and its barrier, against none
+(with and without a call inside the poll loop, as the decode kernel's watchdog), with lanes that leave the
+poll loop one by one and with a wave that polls until all its lanes are in (the decode kernel's since v37).
 
     python bench/sync_probe.py
 """
