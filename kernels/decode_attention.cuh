@@ -81,7 +81,7 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
         ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag, has) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag, has);
         const float mj = has ? kog_value_of(wm) : -KOG_INF, lj = has ? kog_value_of(wl) : 0.f;
         const float Mn = fmaxf(Mx, kog_wave_max(mj));
-        L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(j < nbc ? expf(mj - Mn) * lj : 0.f);
+        L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(mj - Mn) * lj : 0.f);
         Mx = Mn;
     }
     return ok;
