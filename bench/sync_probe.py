@@ -289,13 +289,13 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
     if (gave_up) atomicAdd(out + 1, (u64)gave_up);
     if (t == 0 && b == 0) out[0] = (t1 - t0) / reps;
 }
-extern "C" __global__ void probe_hop_1(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, false>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_2(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, false>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_3(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, false>(vec, n, copies, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_hop_12(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<12, false>(vec, n, copies, reps, sleep_ns, out, sink); }
 #define HOP_VARIANT(NAME, ...) \
     extern "C" __global__ void NAME(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) { \
         hop_chain<__VA_ARGS__>(vec, n, copies, reps, sleep_ns, out, sink); }
+HOP_VARIANT(probe_hop_1, 1, false)
+HOP_VARIANT(probe_hop_2, 2, false)
+HOP_VARIANT(probe_hop_3, 3, false)
+HOP_VARIANT(probe_hop_12, 12, false)
 HOP_VARIANT(probe_hop_1_collect, 1, false, 1)
 HOP_VARIANT(probe_hop_1_shuffles, 1, false, 2)
 HOP_VARIANT(probe_hop_1_store, 1, false, 3)
@@ -308,9 +308,9 @@ HOP_VARIANT(probe_hop_1_converged_collect, 1, false, 1, false, true)
 HOP_VARIANT(probe_hop_1_converged_store, 1, false, 3, false, true)
 HOP_VARIANT(probe_hop_1_converged_barrier_and, 1, false, 5, false, true)
 HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
-extern "C" __global__ void probe_sum_1(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<1, true>(vec, n, k, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_sum_2(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<2, true>(vec, n, k, reps, sleep_ns, out, sink); }
-extern "C" __global__ void probe_sum_3(u64* vec, int n, int k, int reps, int sleep_ns, u64* out, float* sink) { hop_chain<3, true>(vec, n, k, reps, sleep_ns, out, sink); }
+HOP_VARIANT(probe_sum_1, 1, true)
+HOP_VARIANT(probe_sum_2, 2, true)
+HOP_VARIANT(probe_sum_3, 3, true)
 
 // L2 prefetch of 128 KB per block (mode 1: one thread, 16 KB bulk prefetches; mode 2: every
 // thread, one prefetch.global.L2 per 128-byte line; mode 0: none), 10 us, then all of it read.
