@@ -91,6 +91,9 @@ VARIANTS = {
     "att-rmax-1": {"KOG_ATT_RMAX": "1"},  # query heads split over blocks where units take one round of tiles
     "att-rmax-2": {"KOG_ATT_RMAX": "2"},  # ... at most two rounds
     "att-rmax-3": {"KOG_ATT_RMAX": "3"},  # ... at most three rounds
+    "cm-0": {"KOG_CM": "0"},  # the attention units merge their records (no block merges them as it stages O's input)
+    "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
+    "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)

@@ -123,7 +123,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
-        if (!stage_copy<QD>(c, xs, P->attn, c.epoch)) return false;
+        const int nbc_now = CM_MAX > 1 ? att_units_now(pos) : 1;
+        if (!(nbc_now > 1 && nbc_now <= CM_MAX ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+            return false;
         trace_event(c);
         {
             mv_run<MO, MAT_O>(c, xs, red);

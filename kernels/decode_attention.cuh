@@ -351,11 +351,75 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
         }
     }
-    if (nbc > 1) {
+    if (nbc > 1 && !(CM_MAX > 1 && nbc <= CM_MAX)) {  // (up to CM_MAX units: every block merges the records, stage_attn_merged)
         trace_att(c, l, u, 4);
         __syncthreads();  // rec was read above: the merge's partial sums go there
         ok &= att_merge(c, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
     }
     trace_att(c, l, u, 5);
+    return __syncthreads_and(ok);
+}
+
+// KOG_CM: where a kv head's (or head group's) tiles span 2 .. CM_MAX units, no unit merges the
+// records: every block merges them as it stages O's input, each thread its own pairs of the
+// attention vector, with no warp collective (the units' hop and the merging unit's work leave the
+// attention's critical path; O's gather takes 2 x nbc words a pair instead of one).
+__device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (group) at this position
+    AttUnit a{};
+    att_unit_of(0, pos, a);  // (block 0 always has a unit)
+    return a.nbc;
+}
+// All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
+__device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
+    using T = Tagged<QD>;
+    constexpr int RS = D + 2;  // a record: D values, max, sum
+    unsigned pending = 0;
+#pragma unroll
+    for (int k = 0; k < T::NV; ++k)
+        if (T::has(c.tid, k)) pending |= 1u << k;
+    const kog_u64* const part = c.P->part;  // (once: each tagged load's memory clobber would re-read it)
+    kog_u64 t0 = 0;
+    bool ok = true;
+    for (int it = 1;; ++it) {
+        ulonglong2 vw[T::NV][cmax(CM_MAX, 1)], sw[T::NV][cmax(CM_MAX, 1)];
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if ((pending >> k) & 1u) {
+                const int e = 2 * (c.tid + k * NTHR), hh = e / D, d = e - hh * D;  // query head hh, dims d, d + 1
+                const kog_u64* r0 = part + ((long long)(hh / G * MAXCH) * G + hh % G) * RS;  // unit 0's record
+#pragma unroll
+                for (int u = 0; u < CM_MAX; ++u)
+                    if (u < nbc) vw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + d), sw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + D);
+            }
+#pragma unroll
+        for (int k = 0; k < T::NV; ++k)
+            if ((pending >> k) & 1u) {
+                bool ready = true;
+#pragma unroll
+                for (int u = 0; u < CM_MAX; ++u)
+                    if (u < nbc) ready &= tag_ready(vw[k][u].x, tag) & tag_ready(vw[k][u].y, tag) & tag_ready(sw[k][u].x, tag) & tag_ready(sw[k][u].y, tag);
+                if (!ready) continue;
+                // the units in order: the largest max, then the weighted sums (deterministic)
+                float mx = -KOG_INF;
+#pragma unroll
+                for (int u = 0; u < CM_MAX; ++u)
+                    if (u < nbc) mx = fmaxf(mx, kog_value_of(sw[k][u].x));
+                float L = 0.f, o0 = 0.f, o1 = 0.f;
+#pragma unroll
+                for (int u = 0; u < CM_MAX; ++u)
+                    if (u < nbc) {
+                        const float wt = expf(kog_value_of(sw[k][u].x) - mx);
+                        L = fmaf(wt, kog_value_of(sw[k][u].y), L);
+                        o0 = fmaf(wt, kog_value_of(vw[k][u].x), o0), o1 = fmaf(wt, kog_value_of(vw[k][u].y), o1);
+                    }
+                *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = make_float2(o0 / L, o1 / L);
+                pending &= ~(1u << k);
+            }
+        if (!kog_wave_any(pending)) break;
+        if (!poll_again(c, it, t0, tag)) {
+            ok = false;
+            break;
+        }
+    }
     return __syncthreads_and(ok);
 }

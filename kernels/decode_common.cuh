@@ -28,6 +28,9 @@
 #ifndef KOG_ATT_RMAX  // timing experiments: ATT_RMAX below forced to this (-1: by shape)
 #define KOG_ATT_RMAX -1
 #endif
+#ifndef KOG_CM  // timing experiments: CM_MAX below forced to this (-1: by shape)
+#define KOG_CM -1
+#endif
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
 #endif
@@ -109,6 +112,11 @@ constexpr bool WIDE_KV_GROUP = G * D >= 512;
 // 1.5 with 6, SmolLM2 (3, 64) 1.3 us with 9. Splitting Qwen2.5's heads gained +0.9%, where SmolLM2
 // lost 4% and Llama (4, 64) moved +0.3% (PERF.md session 18): so only where G x D reaches 512.
 constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 0;
+// Where a kv head's tiles span 2 .. CM_MAX units, no unit merges the records: every block merges
+// them as it stages O's input (stage_attn_merged, decode_attention.cuh). Only where a thread
+// stages one pair of O's input: SmolLM2 (QD 576) gained +3.7% at a 32-token prompt and +3.9% at
+// 160 with 3; with 5 it lost 2.6%, and Llama lost 12.6% with 3 (spills; PERF.md session 32).
+constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
