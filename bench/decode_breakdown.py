@@ -83,6 +83,7 @@ VARIANTS = {
     "nthr-512": {"KOG_NTHR": "512"},
     "att-tbr-1": {"KOG_ATT_TBR": "1"},  # attention tiles per round (units per kv head follow)
     "att-tbr-2": {"KOG_ATT_TBR": "2"},
+    "att-tbr-2-cm-5": {"KOG_ATT_TBR": "2", "KOG_CM": "5"},  # two tiles a round, no unit merges up to 5 units
     "qkv-skip-0": {"KOG_QKV_SKIP": "0"},  # every block takes QKV rows (the default but where G x D reaches 512)
     "qkv-skip-3": {"KOG_QKV_SKIP": "3"},  # blocks 0-2 (attention units at every position) take none
     "qkv-skip-8": {"KOG_QKV_SKIP": "8"},  # ... blocks 0-7 (Llama, Qwen3: every kv head's first unit)
@@ -94,6 +95,7 @@ VARIANTS = {
     "cm-0": {"KOG_CM": "0"},  # the attention units merge their records (no block merges them as it stages O's input)
     "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
+    "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)
