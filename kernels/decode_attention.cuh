@@ -10,7 +10,8 @@
 // depend on it). Each warp keeps an online softmax state; the warps of a head merge in shared
 // memory, and when a head's tiles span several blocks every unit publishes its partial (acc,
 // max, sum) records as tagged words, which the units merge a head each (att_merge; no counter,
-// no fence).
+// no fence), or, where a head spans at most CM_MAX units, every block as it stages O's input
+// (stage_attn_merged).
 // With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
 // before its QKV input is polled, so that it lands during that hop and the QKV product instead
 // of delaying the q/k/v gather.
@@ -360,7 +361,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     return __syncthreads_and(ok);
 }
 
-// KOG_CM: where a kv head's (or head group's) tiles span 2 .. CM_MAX units, no unit merges the
+// Where a kv head's (or head group's) tiles span 2 .. CM_MAX units, no unit merges the
 // records: every block merges them as it stages O's input, each thread its own pairs of the
 // attention vector, with no warp collective (the units' hop and the merging unit's work leave the
 // attention's critical path; O's gather takes 2 x nbc words a pair instead of one).
