@@ -124,7 +124,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         // --- O projection + residual
         const int nbc_now = CM_MAX > 1 ? att_units_now(pos) : 1;
-        if (!(nbc_now > 1 && nbc_now <= CM_MAX ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+        if (!(nbc_now > 1 && merged_in_o(nbc_now) ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
             return false;
         trace_event(c);
         {

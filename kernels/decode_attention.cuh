@@ -352,7 +352,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
         }
     }
-    if (nbc > 1 && !(CM_MAX > 1 && nbc <= CM_MAX)) {  // (up to CM_MAX units: every block merges the records, stage_attn_merged)
+    if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
         trace_att(c, l, u, 4);
         __syncthreads();  // rec was read above: the merge's partial sums go there
         ok &= att_merge(c, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);

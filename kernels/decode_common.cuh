@@ -115,8 +115,10 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 // Where a kv head's tiles span 2 .. CM_MAX units, no unit merges the records: every block merges
 // them as it stages O's input (stage_attn_merged, decode_attention.cuh). Only where a thread
 // stages one pair of O's input: SmolLM2 (QD 576) gained +3.7% at a 32-token prompt and +3.9% at
-// 160 with 3; with 5 it lost 2.6%, and Llama lost 12.6% with 3 (spills; PERF.md session 32).
+// 160 with 3; with 5 it lost 2.5%, and Llama lost 12.6% with 3 (spills; PERF.md session 32).
 constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
+// Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
+__host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
