@@ -18,7 +18,9 @@ hop costs with no weights streaming and no math, and whether the polls' own traf
 and the same hop through summed words (red.add, a count in the top byte), with 1, 3 or 7 adds a word;
 and the 576-word hop with a wave sum, a shared store or both between its polls and its barrier, against none
 (with and without a call inside the poll loop, as the decode kernel's watchdog), with lanes that leave the
-poll loop one by one and with a wave that polls until all its lanes are in (the decode kernel's since v37).
+poll loop one by one and with a wave that polls until all its lanes are in (the decode kernel's since v37);
+and the 576-word hop read from 1-3 copies with a max and sum word each, as O's gather merges the attention
+units' records (since v38).
 
     python bench/sync_probe.py
 """
@@ -223,15 +225,18 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // with their watchdog's verdict). WATCHDOG: every 64th poll round calls a function that is not inlined, as the
 // decode kernel's polls do (its watchdog), which puts a call inside the loop's divergent code.
 // CONVERGED: the warp polls until none of its lanes misses a word (a vote a round), so that it leaves
-// the loop as one instead of lane by lane.
+// the loop as one instead of lane by lane. NREC > 0: the vector is stored in NREC copies and every
+// block polls all of them, with one more 16-byte word a copy at its warp's first pair (the same for all
+// 32 lanes), as O's gather reads the attention units' records and their max and sum (stage_attn_merged).
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
 // from hanging the device); out[2] stays 0 (the watchdog's flag).
 __device__ __noinline__ bool probe_watchdog(const u64* out) { return *(volatile const u64*)(out + 2) != 0; }
-template <int NV, bool SUMMED, int COLLECT = 0, bool WATCHDOG = false, bool CONVERGED = false>
+template <int NV, bool SUMMED, int COLLECT = 0, bool WATCHDOG = false, bool CONVERGED = false, int NREC = 0>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
     __shared__ float warp_sums[32];
+    constexpr int NC = NREC > 0 ? NREC : 1;  // copies a pair is read from
     const int nb = gridDim.x, b = blockIdx.x, t = threadIdx.x, nt = blockDim.x;
-    const int k = SUMMED ? copies : 1, ncopy = SUMMED ? 1 : copies;
+    const int k = SUMMED ? copies : 1, ncopy = SUMMED ? 1 : NREC > 0 ? NREC : copies;
     const int g = b % k, j = b / k, ng = (nb - g + k - 1) / k;  // group g's blocks: g, g + k, ...
     const int r0 = (int)((long long)j * n / ng), r1 = (int)((long long)(j + 1) * n / ng);
     float acc = 0.f;
@@ -252,19 +257,35 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
         for (int q = 0; q < NV; ++q)
             if (t + q * nt < n / 2) pending |= 1u << q;
         for (int it = 0; (CONVERGED ? __any_sync(0xffffffffu, pending) : pending) && it < (1 << 20); ++it) {
-            ulonglong2 w[NV];
+            ulonglong2 w[NV][NC], ms[NV][NC];
             #pragma unroll
             for (int q = 0; q < NV; ++q)
                 if ((pending >> q) & 1u)
-                    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q].x), "=l"(w[q].y) : "l"(v + 2 * (t + q * nt)) : "memory");
+                    #pragma unroll
+                    for (int c = 0; c < NC; ++c) {
+                        const u64* vc = NREC > 0 ? buf + c * n : v;
+                        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q][c].x), "=l"(w[q][c].y) : "l"(vc + 2 * (t + q * nt)) : "memory");
+                        if (NREC > 0)
+                            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(ms[q][c].x), "=l"(ms[q][c].y) : "l"(vc + 2 * ((t + q * nt) & ~31)) : "memory");
+                    }
+            const auto ready = [&](int q) {
+                bool all = true;
+                #pragma unroll
+                for (int c = 0; c < NC; ++c) {
+                    all &= tag(w[q][c].x) == want && tag(w[q][c].y) == want;
+                    if (NREC > 0) all &= tag(ms[q][c].x) == want && tag(ms[q][c].y) == want;
+                }
+                return all;
+            };
             unsigned stale = 0;
             #pragma unroll
             for (int q = 0; q < NV; ++q)
-                if ((pending >> q) & 1u) stale |= (tag(w[q].x) ^ want) | (tag(w[q].y) ^ want);
+                if ((pending >> q) & 1u) stale |= !ready(q);
             #pragma unroll
             for (int q = 0; q < NV; ++q)
-                if (((pending >> q) & 1u) && (stale == 0 || (tag(w[q].x) == want && tag(w[q].y) == want))) {
-                    acc += __uint_as_float((unsigned)w[q].x) + __uint_as_float((unsigned)w[q].y);
+                if (((pending >> q) & 1u) && (stale == 0 || ready(q))) {
+                    #pragma unroll
+                    for (int c = 0; c < NC; ++c) acc += __uint_as_float((unsigned)w[q][c].x) + __uint_as_float((unsigned)w[q][c].y);
                     pending &= ~(1u << q);
                 }
             if (pending && sleep_ns) __nanosleep(sleep_ns);
@@ -308,6 +329,9 @@ HOP_VARIANT(probe_hop_1_converged_collect, 1, false, 1, false, true)
 HOP_VARIANT(probe_hop_1_converged_store, 1, false, 3, false, true)
 HOP_VARIANT(probe_hop_1_converged_barrier_and, 1, false, 5, false, true)
 HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
+HOP_VARIANT(probe_rec_1, 1, false, 5, false, true, 1)
+HOP_VARIANT(probe_rec_2, 1, false, 5, false, true, 2)
+HOP_VARIANT(probe_rec_3, 1, false, 5, false, true, 3)
 HOP_VARIANT(probe_sum_1, 1, true)
 HOP_VARIANT(probe_sum_2, 2, true)
 HOP_VARIANT(probe_sum_3, 3, true)
@@ -430,6 +454,17 @@ def main() -> None:
             o = out.get()
             print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {o[0]} ns"
                   + (f" ({o[1]} gave up)" if o[1] else ""))
+    for kernel, label in (("probe_hop_1_converged_barrier_and", "one copy (stage_copy)"),
+                          ("probe_rec_1", "one copy and its max and sum"),
+                          ("probe_rec_2", "2 copies and their max and sum (stage_attn_merged, 2 units)"),
+                          ("probe_rec_3", "3 copies and their max and sum (3 units)")):
+        vec.fill(0)
+        out.fill(0)
+        mod.get_function(kernel)((nsm,), (hop_threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {o[0]} ns"
+              + (f" ({o[1]} gave up)" if o[1] else ""))
     for n, nv in ((576, 1), (1536, 2), (2048, 3)):
         for k in (1, 3, 7):
             vec.fill(0)
