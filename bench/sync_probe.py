@@ -433,6 +433,14 @@ def main() -> None:
             o = out.get()
             print(f"hop of a {n}-word tagged vector, {grid} blocks, {copies} cop{'y' if copies == 1 else 'ies'}, polls "
                   f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
+    def hop_576(kernel: str, threads: int) -> str:  # one hop chain of SmolLM2's 576 words on every SM
+        vec.fill(0)
+        out.fill(0)
+        mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        return f"{o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else "")
+
     for threads in (384, 512):  # SmolLM2's hop at both block sizes: the barrier right after the polls, or after a wave sum
         for kernel, label in (("probe_hop_1", "the barrier right after the polls"),
                               ("probe_hop_1_collect", "a wave sum and a shared store before the barrier"),
@@ -447,24 +455,12 @@ def main() -> None:
                               ("probe_hop_1_converged_store", "warps poll until all lanes are in, a shared store before the barrier"),
                               ("probe_hop_1_converged_barrier_and", "warps poll until all lanes are in, __syncthreads_and right after"),
                               ("probe_hop_1_watchdog_converged_collect", "warps poll until all lanes are in, a call every 64th round, a wave sum and a store")):
-            vec.fill(0)
-            out.fill(0)
-            mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
-            cp.cuda.Device().synchronize()
-            o = out.get()
-            print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {o[0]} ns"
-                  + (f" ({o[1]} gave up)" if o[1] else ""))
+            print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {hop_576(kernel, threads)}")
     for kernel, label in (("probe_hop_1_converged_barrier_and", "one copy (stage_copy)"),
                           ("probe_rec_1", "one copy and its max and sum"),
                           ("probe_rec_2", "2 copies and their max and sum (stage_attn_merged, 2 units)"),
                           ("probe_rec_3", "3 copies and their max and sum (3 units)")):
-        vec.fill(0)
-        out.fill(0)
-        mod.get_function(kernel)((nsm,), (hop_threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
-        cp.cuda.Device().synchronize()
-        o = out.get()
-        print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {o[0]} ns"
-              + (f" ({o[1]} gave up)" if o[1] else ""))
+        print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {hop_576(kernel, hop_threads)}")
     for n, nv in ((576, 1), (1536, 2), (2048, 3)):
         for k in (1, 3, 7):
             vec.fill(0)
