@@ -84,6 +84,7 @@ VARIANTS = {
     "att-tbr-1": {"KOG_ATT_TBR": "1"},  # attention tiles per round (units per kv head follow)
     "att-tbr-2": {"KOG_ATT_TBR": "2"},
     "att-tbr-3": {"KOG_ATT_TBR": "3"},
+    "att-tbr-4": {"KOG_ATT_TBR": "4"},
     "att-tbr-2-cm-5": {"KOG_ATT_TBR": "2", "KOG_CM": "5"},  # two tiles a round, no unit merges up to 5 units
     "qkv-skip-0": {"KOG_QKV_SKIP": "0"},  # every block takes QKV rows (the default but where G x D reaches 512)
     "qkv-skip-3": {"KOG_QKV_SKIP": "3"},  # blocks 0-2 (attention units at every position) take none

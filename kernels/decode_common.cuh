@@ -120,7 +120,10 @@ constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
-constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR : cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G);  // tiles per round
+// Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
+// 12 gained +1.9% at a 32-token prompt and +1.4% at 1,000 over 4 (PERF.md sessions 32-33).
+constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR
+                  : cmin(cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G), CM_MAX > 0 ? 3 : NW);
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
 
 // ---- the attention's plan: which blocks run which (kv head, query heads, tiles) -----------
