@@ -20,7 +20,7 @@ and the 576-word hop with a wave sum, a shared store or both between its polls a
 (with and without a call inside the poll loop, as the decode kernel's watchdog), with lanes that leave the
 poll loop one by one and with a wave that polls until all its lanes are in (the decode kernel's since v37);
 and the 576-word hop read from 1-3 copies with a max and sum word each, as O's gather merges the attention
-units' records (since v38).
+units' records (since v38), with that word in several places and loaded by lane 0 alone or late.
 
     python bench/sync_probe.py
 """
@@ -226,12 +226,20 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // decode kernel's polls do (its watchdog), which puts a call inside the loop's divergent code.
 // CONVERGED: the warp polls until none of its lanes misses a word (a vote a round), so that it leaves
 // the loop as one instead of lane by lane. NREC > 0: the vector is stored in NREC copies and every
-// block polls all of them, with one more 16-byte word a copy at its warp's first pair (the same for all
-// 32 lanes), as O's gather reads the attention units' records and their max and sum (stage_attn_merged).
+// block polls all of them, with one more 16-byte word a copy (the same for all 32 lanes), as O's gather
+// reads the attention units' records and their max and sum (stage_attn_merged). MS, where that word
+// lies and who loads it: 0 the warp's first pair (lane 0 loads it twice); 1 the same, loaded by lane 0
+// only and shuffled; 2 each lane's own pair again (a second load of the same words); 3 the next warp's
+// first pair (words this warp does not load otherwise); 4 as 3, but loaded only once the lane's values
+// are in (a dependent round trip, fewer loads a round). The hop grows with the loads a poll round issues
+// (PERF.md session 33).
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
 // from hanging the device); out[2] stays 0 (the watchdog's flag).
 __device__ __noinline__ bool probe_watchdog(const u64* out) { return *(volatile const u64*)(out + 2) != 0; }
-template <int NV, bool SUMMED, int COLLECT = 0, bool WATCHDOG = false, bool CONVERGED = false, int NREC = 0>
+__device__ __forceinline__ void ld_poll2(const u64* p, u64& x, u64& y) {  // two tagged words, as the decode kernel polls them
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(x), "=l"(y) : "l"(p) : "memory");
+}
+template <int NV, bool SUMMED, int COLLECT = 0, bool WATCHDOG = false, bool CONVERGED = false, int NREC = 0, int MS = 0>
 __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u64* out, float* sink) {
     __shared__ float warp_sums[32];
     constexpr int NC = NREC > 0 ? NREC : 1;  // copies a pair is read from
@@ -264,10 +272,28 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
                     #pragma unroll
                     for (int c = 0; c < NC; ++c) {
                         const u64* vc = NREC > 0 ? buf + c * n : v;
-                        asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(w[q][c].x), "=l"(w[q][c].y) : "l"(vc + 2 * (t + q * nt)) : "memory");
-                        if (NREC > 0)
-                            asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];" : "=l"(ms[q][c].x), "=l"(ms[q][c].y) : "l"(vc + 2 * ((t + q * nt) & ~31)) : "memory");
+                        ld_poll2(vc + 2 * (t + q * nt), w[q][c].x, w[q][c].y);
+                        if (NREC > 0 && MS != 4 && (MS != 1 || (t & 31) == 0))
+                            ld_poll2(vc + 2 * (MS == 2 ? t + q * nt : MS == 3 ? (((t + q * nt) & ~31) + 32) % (n / 2) : (t + q * nt) & ~31),
+                                 ms[q][c].x, ms[q][c].y);
                     }
+            if (MS == 4)  // the max and sum words only once the values are in: a dependent round trip
+                #pragma unroll
+                for (int q = 0; q < NV; ++q) {
+                    bool in = ((pending >> q) & 1u) != 0;
+                    #pragma unroll
+                    for (int c = 0; c < NC; ++c) in &= tag(w[q][c].x) == want && tag(w[q][c].y) == want;
+                    #pragma unroll
+                    for (int c = 0; c < NC; ++c)
+                        if (in) ld_poll2(buf + c * n + 2 * ((((t + q * nt) & ~31) + 32) % (n / 2)), ms[q][c].x, ms[q][c].y);
+                        else ms[q][c].x = ms[q][c].y = 0;
+                }
+            if (MS == 1)
+                #pragma unroll
+                for (int q = 0; q < NV; ++q)
+                    #pragma unroll
+                    for (int c = 0; c < NC; ++c)
+                        ms[q][c].x = __shfl_sync(0xffffffffu, ms[q][c].x, 0), ms[q][c].y = __shfl_sync(0xffffffffu, ms[q][c].y, 0);
             const auto ready = [&](int q) {
                 bool all = true;
                 #pragma unroll
@@ -285,7 +311,10 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
             for (int q = 0; q < NV; ++q)
                 if (((pending >> q) & 1u) && (stale == 0 || ready(q))) {
                     #pragma unroll
-                    for (int c = 0; c < NC; ++c) acc += __uint_as_float((unsigned)w[q][c].x) + __uint_as_float((unsigned)w[q][c].y);
+                    for (int c = 0; c < NC; ++c) {
+                        acc += __uint_as_float((unsigned)w[q][c].x) + __uint_as_float((unsigned)w[q][c].y);
+                        if (NREC > 0) acc += __uint_as_float((unsigned)ms[q][c].x) * __uint_as_float((unsigned)ms[q][c].y);  // (all 16 bytes used: one load)
+                    }
                     pending &= ~(1u << q);
                 }
             if (pending && sleep_ns) __nanosleep(sleep_ns);
@@ -332,6 +361,15 @@ HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
 HOP_VARIANT(probe_rec_1, 1, false, 5, false, true, 1)
 HOP_VARIANT(probe_rec_2, 1, false, 5, false, true, 2)
 HOP_VARIANT(probe_rec_3, 1, false, 5, false, true, 3)
+HOP_VARIANT(probe_rec_1_lane0, 1, false, 5, false, true, 1, 1)
+HOP_VARIANT(probe_rec_2_lane0, 1, false, 5, false, true, 2, 1)
+HOP_VARIANT(probe_rec_1_own, 1, false, 5, false, true, 1, 2)
+HOP_VARIANT(probe_rec_1_apart, 1, false, 5, false, true, 1, 3)
+HOP_VARIANT(probe_rec_2_apart, 1, false, 5, false, true, 2, 3)
+HOP_VARIANT(probe_rec_3_apart, 1, false, 5, false, true, 3, 3)
+HOP_VARIANT(probe_rec_1_late, 1, false, 5, false, true, 1, 4)
+HOP_VARIANT(probe_rec_2_late, 1, false, 5, false, true, 2, 4)
+HOP_VARIANT(probe_rec_3_late, 1, false, 5, false, true, 3, 4)
 HOP_VARIANT(probe_sum_1, 1, true)
 HOP_VARIANT(probe_sum_2, 2, true)
 HOP_VARIANT(probe_sum_3, 3, true)
@@ -459,7 +497,16 @@ def main() -> None:
     for kernel, label in (("probe_hop_1_converged_barrier_and", "one copy (stage_copy)"),
                           ("probe_rec_1", "one copy and its max and sum"),
                           ("probe_rec_2", "2 copies and their max and sum (stage_attn_merged, 2 units)"),
-                          ("probe_rec_3", "3 copies and their max and sum (3 units)")):
+                          ("probe_rec_3", "3 copies and their max and sum (3 units)"),
+                          ("probe_rec_1_lane0", "one copy, its max and sum loaded by lane 0 and shuffled"),
+                          ("probe_rec_2_lane0", "2 copies, their max and sum loaded by lane 0 and shuffled"),
+                          ("probe_rec_1_own", "one copy, and each lane's own pair loaded twice"),
+                          ("probe_rec_1_apart", "one copy and a max and sum word the warp does not load otherwise"),
+                          ("probe_rec_2_apart", "2 copies and max and sum words the warp does not load otherwise"),
+                          ("probe_rec_3_apart", "3 copies and max and sum words the warp does not load otherwise"),
+                          ("probe_rec_1_late", "one copy, the max and sum words apart loaded once the values are in"),
+                          ("probe_rec_2_late", "2 copies, the max and sum words apart loaded once the values are in"),
+                          ("probe_rec_3_late", "3 copies, the max and sum words apart loaded once the values are in")):
         print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {hop_576(kernel, hop_threads)}")
     for n, nv in ((576, 1), (1536, 2), (2048, 3)):
         for k in (1, 3, 7):
