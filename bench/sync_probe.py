@@ -357,6 +357,8 @@ HOP_VARIANT(probe_hop_1_converged, 1, false, 0, false, true)
 HOP_VARIANT(probe_hop_1_converged_collect, 1, false, 1, false, true)
 HOP_VARIANT(probe_hop_1_converged_store, 1, false, 3, false, true)
 HOP_VARIANT(probe_hop_1_converged_barrier_and, 1, false, 5, false, true)
+HOP_VARIANT(probe_hop_2_converged_barrier_and, 2, false, 5, false, true)
+HOP_VARIANT(probe_hop_3_converged_barrier_and, 3, false, 5, false, true)
 HOP_VARIANT(probe_hop_1_watchdog_converged_collect, 1, false, 1, true, true)
 HOP_VARIANT(probe_rec_1, 1, false, 5, false, true, 1)
 HOP_VARIANT(probe_rec_2, 1, false, 5, false, true, 2)
@@ -471,10 +473,10 @@ def main() -> None:
             o = out.get()
             print(f"hop of a {n}-word tagged vector, {grid} blocks, {copies} cop{'y' if copies == 1 else 'ies'}, polls "
                   f"{'back to back' if not sleep_ns else f'sleeping {sleep_ns} ns'}: {o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else ""))
-    def hop_576(kernel: str, threads: int) -> str:  # one hop chain of SmolLM2's 576 words on every SM
+    def hop_chain_ns(kernel: str, threads: int, n: int = 576) -> str:  # one hop chain of n words (SmolLM2's 576) on every SM
         vec.fill(0)
         out.fill(0)
-        mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(576), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
+        mod.get_function(kernel)((nsm,), (threads,), (vec, np.int32(n), np.int32(1), np.int32(2000), np.int32(0), out, fsink))
         cp.cuda.Device().synchronize()
         o = out.get()
         return f"{o[0]} ns" + (f" ({o[1]} gave up)" if o[1] else "")
@@ -493,7 +495,7 @@ def main() -> None:
                               ("probe_hop_1_converged_store", "warps poll until all lanes are in, a shared store before the barrier"),
                               ("probe_hop_1_converged_barrier_and", "warps poll until all lanes are in, __syncthreads_and right after"),
                               ("probe_hop_1_watchdog_converged_collect", "warps poll until all lanes are in, a call every 64th round, a wave sum and a store")):
-            print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {hop_576(kernel, threads)}")
+            print(f"hop of a 576-word tagged vector, {nsm} blocks of {threads} threads, {label}: {hop_chain_ns(kernel, threads)}")
     for kernel, label in (("probe_hop_1_converged_barrier_and", "one copy (stage_copy)"),
                           ("probe_rec_1", "one copy and its max and sum"),
                           ("probe_rec_2", "2 copies and their max and sum (stage_attn_merged, 2 units)"),
@@ -507,7 +509,11 @@ def main() -> None:
                           ("probe_rec_1_late", "one copy, the max and sum words apart loaded once the values are in"),
                           ("probe_rec_2_late", "2 copies, the max and sum words apart loaded once the values are in"),
                           ("probe_rec_3_late", "3 copies, the max and sum words apart loaded once the values are in")):
-        print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {hop_576(kernel, hop_threads)}")
+        print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {hop_chain_ns(kernel, hop_threads)}")
+    for n, nv in ((1536, 2), (2048, 3)):  # the big shapes' hops, as the decode kernel's waits poll since v37
+        for kernel, label in ((f"probe_hop_{nv}", "polls lane by lane, the barrier right after"),
+                              (f"probe_hop_{nv}_converged_barrier_and", "warps poll until all lanes are in, __syncthreads_and right after")):
+            print(f"hop of a {n}-word tagged vector, {nsm} blocks, {nv} pairs a thread, {label}: {hop_chain_ns(kernel, hop_threads, n)}")
     for n, nv in ((576, 1), (1536, 2), (2048, 3)):
         for k in (1, 3, 7):
             vec.fill(0)
