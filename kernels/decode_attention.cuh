@@ -71,7 +71,7 @@ static_assert(MERGE_CHW >= 1, "room to stage the attention records");
 // The maximum Mx of all nbc records' maxima, and L, the records' sums weighted by exp(max - Mx)
 // (a wave of records a round trip; every warp of a head the same, in the same order).
 __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, int nbc, unsigned tag, float& Mx, float& L) {
-    constexpr long long CS = (long long)G * (D + 2);
+    constexpr long long CS = (long long)G * REC_W;
     bool ok = true;
     Mx = -KOG_INF, L = 0.f;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
@@ -112,7 +112,7 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
 // heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
-    constexpr long long CS = (long long)G * (D + 2);  // one unit's records
+    constexpr long long CS = (long long)G * REC_W;  // one unit's records
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
     const int nh = bc < gh ? (gh - 1 - bc) / nbc + 1 : 0;  // heads bc, bc + nbc, ... (block-uniform)
     if (nh == 0) return true;
@@ -124,7 +124,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
             for (int i = 0; i < DL; ++i) kog_st_tagged(c.P->attn + (long long)(g * G + h) * D + lane + 32 * i, 0.f, tag);
         return true;
     }
-    const kog_u64* pr0 = c.P->part + ((long long)(g * MAXCH) * G + h) * (D + 2);  // unit 0's record of head h
+    const kog_u64* pr0 = c.P->part + ((long long)(g * MAXCH) * G + h) * REC_W;  // unit 0's record of head h
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
@@ -346,7 +346,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
         } else {  // this unit's record of the head, for the units that merge
-            kog_u64* const pr = P->part + ((long long)(g * MAXCH + bc) * G + h0 + warp) * (D + 2);
+            kog_u64* const pr = P->part + ((long long)(g * MAXCH + bc) * G + h0 + warp) * REC_W;
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(pr + lane + 32 * i, o[i], epoch_qkv + 1);
             if (lane == 0) kog_st_tagged(pr + D, M, epoch_qkv + 1), kog_st_tagged(pr + D + 1, Ls, epoch_qkv + 1);
@@ -373,7 +373,7 @@ __device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (g
 // All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
     using T = Tagged<QD>;
-    constexpr int RS = D + 2;  // a record: D values, max, sum
+    constexpr int RS = REC_W;  // a record: D values, max, sum (and the padding)
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)

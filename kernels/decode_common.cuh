@@ -55,6 +55,9 @@
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
+#ifndef KOG_REC_PAD  // the attention records in P->part padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
+#define KOG_REC_PAD 0  // below); 0 until the GPU tests have run with the padding (PERF.md session 33)
+#endif
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
@@ -119,6 +122,13 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
+// Words of one (unit, query head) record of the attention in P->part: D values, the max and the sum.
+// By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
+// warps reading different heads' records never load the same line in one round: in
+// bench/sync_probe.py a second load of a line that another load of the same multiprocessor has in
+// flight costs the hop ~0.3 us; SmolLM2 gained +2.9% at a 32-token prompt, +2.2% at 160 (PERF.md
+// session 33). The units' own merge (the big shapes) is not timed padded yet.
+constexpr int REC_W = (KOG_REC_PAD >= 0 ? KOG_REC_PAD != 0 : CM_MAX > 0) ? (D + 2 + 15) / 16 * 16 : D + 2;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 // Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
 // 12 gained +1.9% at a 32-token prompt and +1.4% at 1,000 over 4 (PERF.md sessions 32-33).

@@ -212,7 +212,7 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        info = cp.zeros(16, dtype=cp.int64)
+        info = cp.zeros(17, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
         self.kernel_info = {
@@ -220,7 +220,7 @@ class CudaBackend(Backend):
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
-            "xsum_words": int(info[15]),
+            "xsum_words": int(info[15]), "rec_words": int(info[16]) or self.config.head_dim + 2,
         }
         self.smem = self.kernel_info["smem"]
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
@@ -313,7 +313,7 @@ class CudaBackend(Backend):
         # tagged words (phase << 32 | fp32 bits) of the vectors that cross blocks; zeroed per launch
         tagged = lambda n: cp.zeros(n, dtype=cp.uint64)  # noqa: E731
         self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
-        self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * (c.head_dim + 2))
+        self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * self.kernel_info["rec_words"])
         self.act = tagged(c.intermediate_size)
         self.xsum = tagged(c.hidden_size)  # the residual stream as summed words where down is split (zeroed too)
         self.logits = f32(V)
