@@ -350,6 +350,6 @@ extern "C" __global__ void kog_info(long long* out) {
         out[13] = MAXSTOP;
         out[14] = DN_SPLIT;
         out[15] = H;  // words at KParams::xsum (kernels before v33 wrote DN_SPLIT x H partial sums there)
-        out[16] = REC_W;  // words per attention record at KParams::part (kernels before v40 wrote none: D + 2)
+        out[16] = REC_W;  // words per attention record at KParams::part (older kernels wrote none: D + 2)
     }
 }
