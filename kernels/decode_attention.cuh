@@ -131,7 +131,31 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
+    if (KOG_MERGE_DEDUP && chunk == 1) {  // block-uniform
+        // One record a warp, and no line loaded twice by the block in one round (bench/sync_probe.py:
+        // a second load of a line in flight costs ~0.3 us): each warp loads its own record's max and
+        // sum and shares them through shared memory, instead of every warp loading every record's.
+        float2* const rec_ms = reinterpret_cast<float2*>(c.sm + ATT_T0);  // [NW] (max, sum) of each warp's record
+        const bool mine = merging && jlo < jhi;  // warp-uniform
+        const kog_u64* rec = pr0 + jlo * CS;
+        kog_u64 x[DL];
+        ulonglong2 ms = {0, 0};
+        if (mine) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
+            ms = kog_ld_tagged2(rec + D);
+            ok = settle_tagged(c, ms.x, rec + D, tag) && settle_tagged(c, ms.y, rec + D + 1, tag);
+            if (lane == 0) rec_ms[c.warp] = make_float2(kog_value_of(ms.x), kog_value_of(ms.y));
+        }
+        __syncthreads();
+        if (mine) {  // lane j: record j's max and sum, summed as merge_max_sum does (the same bits)
+            const bool has = lane < nbc;
+            const float2 r = has ? rec_ms[hi * wph + lane] : make_float2(-KOG_INF, 0.f);
+            Mx = kog_wave_max(r.x);
+            L = kog_wave_sum(has ? expf(r.x - Mx) * r.y : 0.f);
+            ok &= merge_record(c, rec, ms.x, x, tag, Mx, o);
+        }
+    } else if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
         // so that its copy does not wait behind the ring's refills in flight (cp.async groups complete in order)
         const kog_u64* rec = pr0 + jlo * CS;
         kog_u64 x[DL];
