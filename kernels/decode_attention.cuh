@@ -78,8 +78,15 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
         const int j = j0 + c.lane;
         const bool has = j < nbc;
         kog_u64 wm = 0, wl = 0;
-        if (has) wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
-        ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag, has) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag, has);
+        if (KOG_MERGE_DEDUP) {  // one load of the line, not two (bench/sync_probe.py: a line in flight loaded again costs ~0.3 us)
+            ulonglong2 w = {0, 0};
+            if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
+            ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
+            wm = w.x, wl = w.y;
+        } else {
+            if (has) wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
+            ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag, has) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag, has);
+        }
         const float mj = has ? kog_value_of(wm) : -KOG_INF, lj = has ? kog_value_of(wl) : 0.f;
         const float Mn = fmaxf(Mx, kog_wave_max(mj));
         L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(mj - Mn) * lj : 0.f);
@@ -100,8 +107,11 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
         v[i] = kog_value_of(x[i]);
     }
     if (!kog_wave_all(fresh)) {
-        wm = kog_ld_tagged(rec + D);
-        ok = settle_tagged(c, wm, rec + D, tag) && gather_tagged_lane<DL>(c, v, rec, tag);
+        if (!KOG_MERGE_DEDUP || !kog_wave_all(tag_ready(wm, tag))) {  // (with KOG_MERGE_DEDUP, a settled max is not reloaded)
+            wm = kog_ld_tagged(rec + D);
+            ok = settle_tagged(c, wm, rec + D, tag);
+        }
+        ok = ok && gather_tagged_lane<DL>(c, v, rec, tag);
     }
     const float wt = expf(kog_value_of(wm) - Mx);
 #pragma unroll
@@ -131,7 +141,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (KOG_MERGE_DEDUP && chunk == 1) {  // block-uniform
+    if (KOG_MERGE_DEDUP == 2 && chunk == 1) {  // block-uniform
         // One record a warp, and no line loaded twice by the block in one round (bench/sync_probe.py:
         // a second load of a line in flight costs ~0.3 us): each warp loads its own record's max and
         // sum and shares them through shared memory, instead of every warp loading every record's.
@@ -144,7 +154,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
             for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
             ms = kog_ld_tagged2(rec + D);
-            ok = settle_tagged(c, ms.x, rec + D, tag) && settle_tagged(c, ms.y, rec + D + 1, tag);
+            ok = settle_tagged2(c, ms, rec + D, tag);
             if (lane == 0) rec_ms[c.warp] = make_float2(kog_value_of(ms.x), kog_value_of(ms.y));
         }
         __syncthreads();

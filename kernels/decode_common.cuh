@@ -58,9 +58,9 @@
 #ifndef KOG_REC_PAD  // the attention records in P->part padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
 #define KOG_REC_PAD 0  // below); 0 until the GPU tests have run with the padding (PERF.md session 33)
 #endif
-#ifndef KOG_MERGE_DEDUP  // timing experiments: 1: the units' merge of one record a warp shares the records' max and sum
-#define KOG_MERGE_DEDUP 0  // through shared memory (each loaded once a block) instead of every warp loading all of them
-#endif
+#ifndef KOG_MERGE_DEDUP  // timing experiments, the units' merge (att_merge): 1 each record's max and sum as one 16-byte
+#define KOG_MERGE_DEDUP 0  // load, settled together, and no reload of a settled max; 2 also, with one record a warp, each
+#endif                     // loaded once a block and shared through shared memory (not by every warp)
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif

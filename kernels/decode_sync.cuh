@@ -269,6 +269,16 @@ __device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const ko
     return true;
 }
 
+// The same for two adjacent words loaded as one (16-byte aligned): until both carry `tag`.
+__device__ __forceinline__ bool settle_tagged2(const Ctx& c, ulonglong2& w, const kog_u64* p, unsigned tag, bool has = true) {
+    kog_u64 t0 = 0;
+    for (int it = 1; kog_wave_any(has && !(tag_ready(w.x, tag) && tag_ready(w.y, tag))); ++it) {
+        if (!poll_again(c, it, t0, tag)) return false;
+        if (has && !(tag_ready(w.x, tag) && tag_ready(w.y, tag))) w = kog_ld_tagged2(p);
+    }
+    return true;
+}
+
 template <int N>
 struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (tid + k NTHR) + {0, 1}
     static constexpr int N2 = N / 2, NV = (N2 + NTHR - 1) / NTHR;
