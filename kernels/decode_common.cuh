@@ -134,7 +134,8 @@ __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return
 constexpr int REC_W = (KOG_REC_PAD >= 0 ? KOG_REC_PAD != 0 : CM_MAX > 0) ? (D + 2 + 15) / 16 * 16 : D + 2;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 // Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
-// 12 gained +1.9% at a 32-token prompt and +1.4% at 1,000 over 4 (PERF.md sessions 32-33).
+// 12 against 4 tiles gained +0.5% at a 32-token prompt, +2.1% at 1,000 and 0 at 4k (the means of
+// two sessions' timings, PERF.md sessions 32-33).
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR
                   : cmin(cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G), CM_MAX > 0 ? 3 : NW);
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
