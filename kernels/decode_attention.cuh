@@ -95,6 +95,21 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
     return ok;
 }
 
+// The same from the records' (max, sum) pairs in shared memory (KOG_MERGE_DEDUP 2): the same sums in
+// the same order, so the same bits.
+__device__ __forceinline__ void max_sum_shared(const float2* ms, int nbc, float& Mx, float& L) {
+    Mx = -KOG_INF, L = 0.f;
+    for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
+        const int j = j0 + (int)(threadIdx.x & (KOG_WAVE - 1));
+        const bool has = j < nbc;
+        const float2 r = has ? ms[j] : make_float2(-KOG_INF, 0.f);
+        const float Mn = fmaxf(Mx, kog_wave_max(r.x));
+        L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(r.x - Mn) * r.y : 0.f);
+        Mx = Mn;
+    }
+}
+static_assert(G + MAXCH - 1 <= NW * 16, "the records' (max, sum) pairs of a unit's heads fit the softmax weights' room");
+
 // One record of a head into o, weighted by exp(its max - Mx), from its words as loaded (x: the
 // values a lane reads, wm: the max); a record loaded before it was published is gathered again.
 __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, kog_u64 wm, const kog_u64 (&x)[DL],
@@ -119,6 +134,16 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
     return ok;
 }
 
+// One lane's share of copying records jb .. jb + m - 1 (their values, max and sum) into a warp's stage.
+__device__ __forceinline__ void copy_records(kog_u64* stage, const kog_u64* pr0, int jb, int m, int lane) {
+    constexpr long long CS = (long long)G * REC_W;
+    constexpr int RS = D + 2;
+    for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
+        const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
+        kog_cp_async16(stage + k * RS + e, pr0 + (jb + k) * CS + e);
+    }
+}
+
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
 // heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
@@ -141,29 +166,50 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (KOG_MERGE_DEDUP == 2 && chunk == 1) {  // block-uniform
-        // One record a warp, and no line loaded twice by the block in one round (bench/sync_probe.py:
-        // a second load of a line in flight costs ~0.3 us): each warp loads its own record's max and
-        // sum and shares them through shared memory, instead of every warp loading every record's.
-        float2* const rec_ms = reinterpret_cast<float2*>(c.sm + ATT_T0);  // [NW] (max, sum) of each warp's record
+    if (KOG_MERGE_DEDUP == 2) {  // block-uniform; if it is kept, the two branches below go
+        // No line loaded twice by the block in one round (bench/sync_probe.py: a second load of a line
+        // in flight costs ~0.3 us): lane k of the warp that merges record jlo + k loads its max and sum,
+        // once, and the head's warps share them through shared memory (the K/V tiles' softmax weights,
+        // free here) instead of each loading every record's. One record a warp: its values straight into
+        // registers; several: MERGE_CHW of them a round trip into the warp's stage.
         const bool mine = merging && jlo < jhi;  // warp-uniform
         const kog_u64* rec = pr0 + jlo * CS;
-        kog_u64 x[DL];
-        ulonglong2 ms = {0, 0};
-        if (mine) {
+        kog_u64 x[DL], wm = 0;
+        if (mine && chunk == 1) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
-            ms = kog_ld_tagged2(rec + D);
-            ok = settle_tagged2(c, ms, rec + D, tag);
-            if (lane == 0) rec_ms[c.warp] = make_float2(kog_value_of(ms.x), kog_value_of(ms.y));
+        } else if (mine) {
+            copy_records(stage, pr0, jlo, min(MERGE_CHW, jhi - jlo), lane);
         }
+        float2* const ms = reinterpret_cast<float2*>(scratch + NW * (D + 2));  // [nh][nbc] (max, sum)
+        if (mine)
+            for (int k0 = 0; k0 < jhi - jlo; k0 += KOG_WAVE) {
+                const int j = jlo + k0 + lane;
+                const bool has = j < jhi;
+                ulonglong2 w = {0, 0};
+                if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
+                ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
+                if (has) ms[hi * nbc + j] = make_float2(kog_value_of(w.x), kog_value_of(w.y));
+                if (k0 == 0) wm = kog_shfl(w.x, 0);  // record jlo's max (with one record a warp, its only one)
+            }
         __syncthreads();
-        if (mine) {  // lane j: record j's max and sum, summed as merge_max_sum does (the same bits)
-            const bool has = lane < nbc;
-            const float2 r = has ? rec_ms[hi * wph + lane] : make_float2(-KOG_INF, 0.f);
-            Mx = kog_wave_max(r.x);
-            L = kog_wave_sum(has ? expf(r.x - Mx) * r.y : 0.f);
-            ok &= merge_record(c, rec, ms.x, x, tag, Mx, o);
+        if (mine) max_sum_shared(ms + hi * nbc, nbc, Mx, L);
+        if (mine && chunk == 1) {
+            ok &= merge_record(c, rec, wm, x, tag, Mx, o);
+        } else if (mine) {
+            for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
+                const int m = min(MERGE_CHW, jhi - jb);
+                if (jb != jlo) copy_records(stage, pr0, jb, m, lane);
+                kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
+                kog_wave_sync();
+                for (int k = 0; k < m; ++k) {
+                    kog_u64 xs[DL];
+#pragma unroll
+                    for (int i = 0; i < DL; ++i) xs[i] = stage[k * RS + lane + 32 * i];
+                    ok &= merge_record(c, pr0 + (jb + k) * CS, stage[k * RS + D], xs, tag, Mx, o);
+                }
+                kog_wave_sync();  // the stage is refilled next round
+            }
         }
     } else if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
         // so that its copy does not wait behind the ring's refills in flight (cp.async groups complete in order)
@@ -177,10 +223,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     } else if (merging && jlo < jhi) {  // (the head's first warp always has records)
         for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
             const int m = min(MERGE_CHW, jhi - jb);
-            for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
-                const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
-                kog_cp_async16(stage + k * RS + e, pr0 + (jb + k) * CS + e);
-            }
+            copy_records(stage, pr0, jb, m, lane);
             if (jb == jlo) ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the first round's copies fly
             kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
             kog_wave_sync();
