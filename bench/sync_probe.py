@@ -231,8 +231,9 @@ extern "C" __global__ void probe_islands_192(u64* out, float* sink) { icache_isl
 // lies and who loads it: 0 the warp's first pair (lane 0 loads it twice); 1 the same, loaded by lane 0
 // only and shuffled; 2 each lane's own pair again (a second load of the same words); 3 the next warp's
 // first pair (words this warp does not load otherwise); 4 as 3, but loaded only once the lane's values
-// are in (a dependent round trip, fewer loads a round). The hop grows with the loads a poll round issues
-// (PERF.md session 33).
+// are in (a dependent round trip, fewer loads a round); 5 the vector's first pair for every warp (one
+// line loaded by all the block's warps in one round: does the cost grow with the loads of a line?). The
+// hop grows with the loads a poll round issues (PERF.md session 33).
 // out[0] = ns per hop (block 0); out[1] = hops that gave up (a bound on the rounds keeps a bug
 // from hanging the device); out[2] stays 0 (the watchdog's flag).
 __device__ __noinline__ bool probe_watchdog(const u64* out) { return *(volatile const u64*)(out + 2) != 0; }
@@ -274,7 +275,8 @@ __device__ void hop_chain(u64* vec, int n, int copies, int reps, int sleep_ns, u
                         const u64* vc = NREC > 0 ? buf + c * n : v;
                         ld_poll2(vc + 2 * (t + q * nt), w[q][c].x, w[q][c].y);
                         if (NREC > 0 && MS != 4 && (MS != 1 || (t & 31) == 0))
-                            ld_poll2(vc + 2 * (MS == 2 ? t + q * nt : MS == 3 ? (((t + q * nt) & ~31) + 32) % (n / 2) : (t + q * nt) & ~31),
+                            ld_poll2(vc + 2 * (MS == 2 ? t + q * nt : MS == 3 ? (((t + q * nt) & ~31) + 32) % (n / 2)
+                                               : MS == 5 ? 0 : (t + q * nt) & ~31),
                                  ms[q][c].x, ms[q][c].y);
                     }
             if (MS == 4)  // the max and sum words only once the values are in: a dependent round trip
@@ -372,6 +374,7 @@ HOP_VARIANT(probe_rec_3_apart, 1, false, 5, false, true, 3, 3)
 HOP_VARIANT(probe_rec_1_late, 1, false, 5, false, true, 1, 4)
 HOP_VARIANT(probe_rec_2_late, 1, false, 5, false, true, 2, 4)
 HOP_VARIANT(probe_rec_3_late, 1, false, 5, false, true, 3, 4)
+HOP_VARIANT(probe_rec_1_one_line, 1, false, 5, false, true, 1, 5)
 HOP_VARIANT(probe_sum_1, 1, true)
 HOP_VARIANT(probe_sum_2, 2, true)
 HOP_VARIANT(probe_sum_3, 3, true)
@@ -508,7 +511,8 @@ def main() -> None:
                           ("probe_rec_3_apart", "3 copies and max and sum words the warp does not load otherwise"),
                           ("probe_rec_1_late", "one copy, the max and sum words apart loaded once the values are in"),
                           ("probe_rec_2_late", "2 copies, the max and sum words apart loaded once the values are in"),
-                          ("probe_rec_3_late", "3 copies, the max and sum words apart loaded once the values are in")):
+                          ("probe_rec_3_late", "3 copies, the max and sum words apart loaded once the values are in"),
+                          ("probe_rec_1_one_line", "one copy and a max and sum word that every warp of the block loads")):
         print(f"hop of a 576-word tagged vector, {nsm} blocks, every block polls {label}: {hop_chain_ns(kernel, hop_threads)}")
     for n, nv in ((1536, 2), (2048, 3)):  # the big shapes' hops, as the decode kernel's waits poll since v37
         for kernel, label in ((f"probe_hop_{nv}", "polls lane by lane, the barrier right after"),
