@@ -104,11 +104,13 @@ __device__ __forceinline__ void max_sum_shared(const float2* ms, int nbc, float&
         const bool has = j < nbc;
         const float2 r = has ? ms[j] : make_float2(-KOG_INF, 0.f);
         const float Mn = fmaxf(Mx, kog_wave_max(r.x));
-        L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(r.x - Mn) * r.y : 0.f);
+        // (unfused, as ptxas compiles merge_max_sum's line: the same bits whatever it fuses here)
+        L = __fadd_rn(__fmul_rn(L, j0 == 0 ? 0.f : expf(Mx - Mn)), kog_wave_sum(has ? __fmul_rn(expf(r.x - Mn), r.y) : 0.f));
         Mx = Mn;
     }
 }
-static_assert(G + MAXCH - 1 <= NW * 16, "the records' (max, sum) pairs of a unit's heads fit the softmax weights' room");
+static_assert(KOG_MERGE_DEDUP >= 0 && KOG_MERGE_DEDUP <= 2, "KOG_MERGE_DEDUP: 0, 1 or 2");
+static_assert(KOG_MERGE_DEDUP != 2 || G + MAXCH - 1 <= NW * 16, "the records' (max, sum) pairs of a unit's heads fit the softmax weights' room");
 
 // One record of a head into o, weighted by exp(its max - Mx), from its words as loaded (x: the
 // values a lane reads, wm: the max); a record loaded before it was published is gathered again.
@@ -145,7 +147,8 @@ __device__ __forceinline__ void copy_records(kog_u64* stage, const kog_u64* pr0,
 }
 
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
-// heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
+// heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here, and after
+// them the softmax weights' NW * 32 (free too: KOG_MERGE_DEDUP 2 keeps the records' max and sum there).
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
     constexpr long long CS = (long long)G * REC_W;  // one unit's records
     constexpr int RS = D + 2;  // a staged record: D values, max, sum

@@ -268,7 +268,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     kog_u64* x;     // tagged words (phase, value): the vectors that cross blocks
     kog_u64* qkv;
     kog_u64* attn;
-    kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][D + 2]
+    kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][REC_W]
     kog_u64* act;   // SiLU(gate)*up (tagged)
     kog_u64* xsum;  // DN_SPLIT > 1: the residual stream as summed words (decode_sync.cuh), [H]
     float* logits;
