@@ -97,10 +97,10 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
 
 // The same from the records' (max, sum) pairs in shared memory (KOG_MERGE_DEDUP 2): the same sums in
 // the same order, so the same bits.
-__device__ __forceinline__ void max_sum_shared(const float2* ms, int nbc, float& Mx, float& L) {
+__device__ __forceinline__ void max_sum_shared(const Ctx& c, const float2* ms, int nbc, float& Mx, float& L) {
     Mx = -KOG_INF, L = 0.f;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
-        const int j = j0 + (int)(threadIdx.x & (KOG_WAVE - 1));
+        const int j = j0 + c.lane;
         const bool has = j < nbc;
         const float2 r = has ? ms[j] : make_float2(-KOG_INF, 0.f);
         const float Mn = fmaxf(Mx, kog_wave_max(r.x));
@@ -196,7 +196,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
                 if (k0 == 0) wm = kog_shfl(w.x, 0);  // record jlo's max (with one record a warp, its only one)
             }
         __syncthreads();
-        if (mine) max_sum_shared(ms + hi * nbc, nbc, Mx, L);
+        if (mine) max_sum_shared(c, ms + hi * nbc, nbc, Mx, L);
         if (mine && chunk == 1) {
             ok &= merge_record(c, rec, wm, x, tag, Mx, o);
         } else if (mine) {
