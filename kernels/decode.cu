@@ -84,6 +84,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     float* red = c.sm + MV_X;
     const int b = c.b;
     const unsigned short* w = P->w;
+    // the attention's units per kv head depend on the position alone: whether O's gather merges them
+    const int nbc_now = CM_MAX > 1 ? att_units_now(pos) : 1;
+    const bool o_merges = nbc_now > 1 && merged_in_o(nbc_now);
     for (int l = 0; l < NL; ++l) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
@@ -123,8 +126,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
-        const int nbc_now = CM_MAX > 1 ? att_units_now(pos) : 1;
-        if (!(nbc_now > 1 && merged_in_o(nbc_now) ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
             return false;
         trace_event(c);
         {
