@@ -98,7 +98,8 @@ VARIANTS = {
     "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
-    "rec-pad-1": {"KOG_REC_PAD": "1"},  # the attention records in global memory padded to whole 128-byte lines
+    "rec-pad-0": {"KOG_REC_PAD": "0"},  # the attention records in global memory packed (D + 2 words) / padded to
+    "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
     "merge-dedup-1": {"KOG_MERGE_DEDUP": "1"},  # the units' merge loads a record's max and sum as one 16-byte word
     "merge-dedup-2": {"KOG_MERGE_DEDUP": "2"},  # ... and each loaded once a block, shared through shared memory
     "qkv-pairs-1": {"KOG_QKV_PAIRS": "1"},  # the attention's q/k/v gather by 16-byte loads (not with the q/k norm)

@@ -56,7 +56,8 @@
 #define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
 #endif                   // product), 0 at the attention's start
 #ifndef KOG_REC_PAD  // the attention records in P->part padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
-#define KOG_REC_PAD 0  // below); 0 until the GPU tests have run with the padding (PERF.md session 33)
+#define KOG_REC_PAD -1  // below): where O's gather merges the units, whose loads of a record's max and sum then
+                        // stay off the next record's line (PERF.md sessions 33-34)
 #endif
 #ifndef KOG_MERGE_DEDUP  // timing experiments, the units' merge (att_merge): 1 each record's max and sum as one 16-byte
 #define KOG_MERGE_DEDUP 0  // load, settled together, and no reload of a settled max; 2 also, each record's loaded once a
