@@ -283,86 +283,44 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     bool ok = true;
     if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
         const int row0 = warp < gh ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
-        if (QKV_PAIRS) {  // if it is kept, the 8-byte gather below goes
-            // lane: dims e = 2 lane + 64 j + {0, 1}, j < DL / 2, one 16-byte load a pair (half the loads a
-            // poll round). RoPE's partner of dim e is e ^ HALF: in this lane (D 128) or in lane ^ 16 (D 64).
-            constexpr int NP = DL / 2;
-            float2 v2[NP], c2[NP], s2[NP];
+        // the rope row before the gather: its round trip then hides in the wait (at layer 0 it
+        // comes from HBM, the LM head's stream having passed: PERF.md session 21)
+        float v[DL], co[DL / 2], si[DL / 2];
 #pragma unroll
-            for (int j = 0; j < NP; ++j) {
-                const int r = (2 * lane + 64 * j) % HALF;
-                c2[j] = __ldg(reinterpret_cast<const float2*>(P->rcos + (long long)pos * HALF + r));
-                s2[j] = __ldg(reinterpret_cast<const float2*>(P->rsin + (long long)pos * HALF + r));
-            }
-            ok = gather_tagged_pairs<NP>(c, v2, P->qkv + row0, epoch_qkv);
-            trace_att(c, l, u, 1);
-            if (warp == gh + 1) {
+        for (int i = 0; i < DL / 2; ++i)
+            co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
+            si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
+        ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
+        trace_att(c, l, u, 1);
+        if (warp == gh + 1) {
 #pragma unroll
-                for (int j = 0; j < NP; ++j) {
-                    const int e = 2 * lane + 64 * j;
-                    *reinterpret_cast<float2*>(vs + e) = v2[j];
-                    if (writes_kv) *reinterpret_cast<float2*>(vbase + (long long)pos * D + e) = v2[j];
-                }
-            } else {
-                float* out = warp < gh ? qs + warp * D : ks;
-#pragma unroll
-                for (int j = 0; j < NP; ++j) {
-                    const int e = 2 * lane + 64 * j;
-                    const float2 p = D == 64 ? make_float2(kog_shfl_xor(v2[j].x, 16), kog_shfl_xor(v2[j].y, 16))
-                                             : v2[(j ^ 1) % NP];
-                    const float sg = e < HALF ? -1.f : 1.f;  // (x1 co - x2 si in the first half, x2 co + x1 si in the second)
-                    out[e] = __fadd_rn(__fmul_rn(v2[j].x, c2[j].x), __fmul_rn(sg * p.x, s2[j].x));
-                    out[e + 1] = __fadd_rn(__fmul_rn(v2[j].y, c2[j].y), __fmul_rn(sg * p.y, s2[j].y));
-                }
-                if (warp == gh && writes_kv) {
-                    kog_wave_sync();
-#pragma unroll
-                    for (int j = 0; j < NP; ++j) {
-                        const int e = 2 * lane + 64 * j;
-                        *reinterpret_cast<float2*>(kbase + (long long)pos * D + e) = *reinterpret_cast<const float2*>(ks + e);
-                    }
-                }
+            for (int i = 0; i < DL; ++i) {
+                vs[lane + 32 * i] = v[i];
+                if (writes_kv) vbase[(long long)pos * D + lane + 32 * i] = v[i];
             }
         } else {
-            // the rope row before the gather: its round trip then hides in the wait (at layer 0 it
-            // comes from HBM, the LM head's stream having passed: PERF.md session 21)
-            float v[DL], co[DL / 2], si[DL / 2];
-#pragma unroll
-            for (int i = 0; i < DL / 2; ++i)
-                co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
-                si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
-            ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
-            trace_att(c, l, u, 1);
-            if (warp == gh + 1) {
-#pragma unroll
-                for (int i = 0; i < DL; ++i) {
-                    vs[lane + 32 * i] = v[i];
-                    if (writes_kv) vbase[(long long)pos * D + lane + 32 * i] = v[i];
-                }
-            } else {
 #if KOG_QK_NORM
-                const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
-                float ss = 0.f;
+            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
+            float ss = 0.f;
 #pragma unroll
-                for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
-                ss = kog_wave_sum(ss);
-                const float rn = sqrtf(ss / (float)D + EPS);
+            for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
+            ss = kog_wave_sum(ss);
+            const float rn = sqrtf(ss / (float)D + EPS);
 #pragma unroll
-                for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
+            for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
 #endif
-                float* out = warp < gh ? qs + warp * D : ks;
+            float* out = warp < gh ? qs + warp * D : ks;
 #pragma unroll
-                for (int i = 0; i < DL / 2; ++i) {
-                    const int d = lane + 32 * i;
-                    const float x1 = v[i], x2 = v[i + DL / 2];
-                    out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
-                    out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
-                }
-                if (warp == gh && writes_kv) {
-                    kog_wave_sync();
+            for (int i = 0; i < DL / 2; ++i) {
+                const int d = lane + 32 * i;
+                const float x1 = v[i], x2 = v[i + DL / 2];
+                out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
+                out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
+            }
+            if (warp == gh && writes_kv) {
+                kog_wave_sync();
 #pragma unroll
-                    for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
-                }
+                for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
             }
         }
     }

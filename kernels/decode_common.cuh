@@ -62,9 +62,6 @@
 #ifndef KOG_MERGE_DEDUP  // timing experiments, the units' merge (att_merge): 1 each record's max and sum as one 16-byte
 #define KOG_MERGE_DEDUP 0  // load, settled together, and no reload of a settled max; 2 also, each record's loaded once a
 #endif                     // block and shared through shared memory (not by every warp of its head)
-#ifndef KOG_QKV_PAIRS  // timing experiments: 1: the attention's q/k/v gather by 16-byte loads (pairs of dims; not with
-#define KOG_QKV_PAIRS 0  // the q/k norm, whose sum of squares would then add in another order)
-#endif
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
@@ -136,8 +133,6 @@ __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return
 // flight costs the hop ~0.3 us; SmolLM2 gained +2.9% at a 32-token prompt, +2.2% at 160 (PERF.md
 // session 33). The units' own merge (the big shapes) is not timed padded yet.
 constexpr int REC_W = (KOG_REC_PAD >= 0 ? KOG_REC_PAD != 0 : CM_MAX > 0) ? (D + 2 + 15) / 16 * 16 : D + 2;
-// KOG_QKV_PAIRS: the attention's q/k/v gather by 16-byte loads, where RoPE's partners stay in reach (D 64 or 128).
-constexpr bool QKV_PAIRS = KOG_QKV_PAIRS != 0 && !KOG_QK_NORM && (D == 64 || D == 128);
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 // Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
 // 12 against 4 tiles gained +0.5% at a 32-token prompt, +2.1% at 1,000 and 0 at 4k (the means of

@@ -358,28 +358,6 @@ __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64
     return true;
 }
 
-// One lane: m pairs at src[2 lane + 64 j + {0, 1}] (one 16-byte load each) once they carry `tag`.
-template <int m>
-__device__ bool gather_tagged_pairs(const Ctx& c, float2 (&v)[m], const kog_u64* src, unsigned tag) {
-    unsigned pending = (1u << m) - 1;
-    kog_u64 t0 = 0;
-    for (int it = 1;; ++it) {
-        ulonglong2 w[m];
-#pragma unroll
-        for (int j = 0; j < m; ++j)
-            if ((pending >> j) & 1u) w[j] = kog_ld_tagged2(src + 2 * c.lane + 64 * j);
-#pragma unroll
-        for (int j = 0; j < m; ++j)
-            if (((pending >> j) & 1u) && tag_ready(w[j].x, tag) && tag_ready(w[j].y, tag)) {
-                v[j] = make_float2(kog_value_of(w[j].x), kog_value_of(w[j].y));
-                pending &= ~(1u << j);
-            }
-        if (!kog_wave_any(pending)) break;
-        if (!poll_again(c, it, t0, tag)) return false;
-    }
-    return true;
-}
-
 // One lane: n values at src[lane + 32 i] once they carry `tag`.
 template <int n>
 __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
