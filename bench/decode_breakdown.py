@@ -100,8 +100,6 @@ VARIANTS = {
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
     "rec-pad-0": {"KOG_REC_PAD": "0"},  # the attention records in global memory packed (D + 2 words) / padded to
     "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
-    "merge-dedup-1": {"KOG_MERGE_DEDUP": "1"},  # the units' merge loads a record's max and sum as one 16-byte word
-    "merge-dedup-2": {"KOG_MERGE_DEDUP": "2"},  # ... and each loaded once a block, shared through shared memory
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)

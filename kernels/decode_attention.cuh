@@ -77,40 +77,17 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
         const int j = j0 + c.lane;
         const bool has = j < nbc;
-        kog_u64 wm = 0, wl = 0;
-        if (KOG_MERGE_DEDUP) {  // one load of the line, not two (bench/sync_probe.py: a line in flight loaded again costs ~0.3 us)
-            ulonglong2 w = {0, 0};
-            if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
-            ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
-            wm = w.x, wl = w.y;
-        } else {
-            if (has) wm = kog_ld_tagged(pr0 + j * CS + D), wl = kog_ld_tagged(pr0 + j * CS + D + 1);
-            ok &= settle_tagged(c, wm, pr0 + j * CS + D, tag, has) && settle_tagged(c, wl, pr0 + j * CS + D + 1, tag, has);
-        }
-        const float mj = has ? kog_value_of(wm) : -KOG_INF, lj = has ? kog_value_of(wl) : 0.f;
+        // the max and sum as one 16-byte load (bench/sync_probe.py: a line in flight loaded again costs ~0.3 us)
+        ulonglong2 w = {0, 0};
+        if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
+        ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
+        const float mj = has ? kog_value_of(w.x) : -KOG_INF, lj = has ? kog_value_of(w.y) : 0.f;
         const float Mn = fmaxf(Mx, kog_wave_max(mj));
         L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(mj - Mn) * lj : 0.f);
         Mx = Mn;
     }
     return ok;
 }
-
-// The same from the records' (max, sum) pairs in shared memory (KOG_MERGE_DEDUP 2): the same sums in
-// the same order, so the same bits.
-__device__ __forceinline__ void max_sum_shared(const Ctx& c, const float2* ms, int nbc, float& Mx, float& L) {
-    Mx = -KOG_INF, L = 0.f;
-    for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
-        const int j = j0 + c.lane;
-        const bool has = j < nbc;
-        const float2 r = has ? ms[j] : make_float2(-KOG_INF, 0.f);
-        const float Mn = fmaxf(Mx, kog_wave_max(r.x));
-        // (unfused, as ptxas compiles merge_max_sum's line: the same bits whatever it fuses here)
-        L = __fadd_rn(__fmul_rn(L, j0 == 0 ? 0.f : expf(Mx - Mn)), kog_wave_sum(has ? __fmul_rn(expf(r.x - Mn), r.y) : 0.f));
-        Mx = Mn;
-    }
-}
-static_assert(KOG_MERGE_DEDUP >= 0 && KOG_MERGE_DEDUP <= 2, "KOG_MERGE_DEDUP: 0, 1 or 2");
-static_assert(KOG_MERGE_DEDUP != 2 || G + MAXCH - 1 <= NW * 16, "the records' (max, sum) pairs of a unit's heads fit the softmax weights' room");
 
 // One record of a head into o, weighted by exp(its max - Mx), from its words as loaded (x: the
 // values a lane reads, wm: the max); a record loaded before it was published is gathered again.
@@ -124,7 +101,7 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
         v[i] = kog_value_of(x[i]);
     }
     if (!kog_wave_all(fresh)) {
-        if (!KOG_MERGE_DEDUP || !kog_wave_all(tag_ready(wm, tag))) {  // (with KOG_MERGE_DEDUP, a settled max is not reloaded)
+        if (!kog_wave_all(tag_ready(wm, tag))) {  // (a settled max is not loaded again)
             wm = kog_ld_tagged(rec + D);
             ok = settle_tagged(c, wm, rec + D, tag);
         }
@@ -136,19 +113,8 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
     return ok;
 }
 
-// One lane's share of copying records jb .. jb + m - 1 (their values, max and sum) into a warp's stage.
-__device__ __forceinline__ void copy_records(kog_u64* stage, const kog_u64* pr0, int jb, int m, int lane) {
-    constexpr long long CS = (long long)G * REC_W;
-    constexpr int RS = D + 2;
-    for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
-        const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
-        kog_cp_async16(stage + k * RS + e, pr0 + (jb + k) * CS + e);
-    }
-}
-
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
-// heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here, and after
-// them the softmax weights' NW * 32 (free too: KOG_MERGE_DEDUP 2 keeps the records' max and sum there).
+// heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
     constexpr long long CS = (long long)G * REC_W;  // one unit's records
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
@@ -169,52 +135,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (KOG_MERGE_DEDUP == 2) {  // block-uniform; if it is kept, the two branches below go
-        // No line loaded twice by the block in one round (bench/sync_probe.py: a second load of a line
-        // in flight costs ~0.3 us): lane k of the warp that merges record jlo + k loads its max and sum,
-        // once, and the head's warps share them through shared memory (the K/V tiles' softmax weights,
-        // free here) instead of each loading every record's. One record a warp: its values straight into
-        // registers; several: MERGE_CHW of them a round trip into the warp's stage.
-        const bool mine = merging && jlo < jhi;  // warp-uniform
-        const kog_u64* rec = pr0 + jlo * CS;
-        kog_u64 x[DL], wm = 0;
-        if (mine && chunk == 1) {
-#pragma unroll
-            for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
-        } else if (mine) {
-            copy_records(stage, pr0, jlo, min(MERGE_CHW, jhi - jlo), lane);
-        }
-        float2* const ms = reinterpret_cast<float2*>(scratch + NW * (D + 2));  // [nh][nbc] (max, sum)
-        if (mine)
-            for (int k0 = 0; k0 < jhi - jlo; k0 += KOG_WAVE) {
-                const int j = jlo + k0 + lane;
-                const bool has = j < jhi;
-                ulonglong2 w = {0, 0};
-                if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
-                ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
-                if (has) ms[hi * nbc + j] = make_float2(kog_value_of(w.x), kog_value_of(w.y));
-                if (k0 == 0) wm = kog_shfl(w.x, 0);  // record jlo's max (with one record a warp, its only one)
-            }
-        __syncthreads();
-        if (mine) max_sum_shared(c, ms + hi * nbc, nbc, Mx, L);
-        if (mine && chunk == 1) {
-            ok &= merge_record(c, rec, wm, x, tag, Mx, o);
-        } else if (mine) {
-            for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
-                const int m = min(MERGE_CHW, jhi - jb);
-                if (jb != jlo) copy_records(stage, pr0, jb, m, lane);
-                kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
-                kog_wave_sync();
-                for (int k = 0; k < m; ++k) {
-                    kog_u64 xs[DL];
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) xs[i] = stage[k * RS + lane + 32 * i];
-                    ok &= merge_record(c, pr0 + (jb + k) * CS, stage[k * RS + D], xs, tag, Mx, o);
-                }
-                kog_wave_sync();  // the stage is refilled next round
-            }
-        }
-    } else if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
+    if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
         // so that its copy does not wait behind the ring's refills in flight (cp.async groups complete in order)
         const kog_u64* rec = pr0 + jlo * CS;
         kog_u64 x[DL];
@@ -226,7 +147,10 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     } else if (merging && jlo < jhi) {  // (the head's first warp always has records)
         for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
             const int m = min(MERGE_CHW, jhi - jb);
-            copy_records(stage, pr0, jb, m, lane);
+            for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
+                const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
+                kog_cp_async16(stage + k * RS + e, pr0 + (jb + k) * CS + e);
+            }
             if (jb == jlo) ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the first round's copies fly
             kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
             kog_wave_sync();

@@ -59,9 +59,6 @@
 #define KOG_REC_PAD -1  // below): where O's gather merges the units, whose loads of a record's max and sum then
                         // stay off the next record's line (PERF.md sessions 33-34)
 #endif
-#ifndef KOG_MERGE_DEDUP  // timing experiments, the units' merge (att_merge): 1 each record's max and sum as one 16-byte
-#define KOG_MERGE_DEDUP 0  // load, settled together, and no reload of a settled max; 2 also, each record's loaded once a
-#endif                     // block and shared through shared memory (not by every warp of its head)
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
