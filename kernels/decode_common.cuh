@@ -127,8 +127,8 @@ __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return
 // By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
 // warps reading different heads' records never load the same line in one round: in
 // bench/sync_probe.py a second load of a line that another load of the same multiprocessor has in
-// flight costs the hop ~0.3 us; SmolLM2 gained +2.9% at a 32-token prompt, +2.2% at 160 (PERF.md
-// session 33). The units' own merge (the big shapes) is not timed padded yet.
+// flight costs the hop ~0.3 us; SmolLM2 gained +0.9 to +2.9% at a 32-token prompt, +1.6 to +2.2% at 160
+// (PERF.md sessions 33-34). The units' own merge (the big shapes) reads even padded (session 34).
 constexpr int REC_W = (KOG_REC_PAD >= 0 ? KOG_REC_PAD != 0 : CM_MAX > 0) ? (D + 2 + 15) / 16 * 16 : D + 2;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 // Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
