@@ -382,7 +382,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
     using T = Tagged<QD>;
     constexpr int RS = REC_W;  // a record: D values, max, sum (and the padding)
     constexpr bool LANE_MS = KOG_CM_LANE_MS != 0;
-    static_assert(!LANE_MS || (T::NV * CM_MAX <= KOG_WAVE && D % 64 == 0), "KOG_CM_LANE_MS: a lane for each (pair, unit) of a warp, whose pairs k lie in one head");
+    static_assert(!LANE_MS || (T::NV * CM_MAX <= KOG_WAVE && D % (2 * KOG_WAVE) == 0), "KOG_CM_LANE_MS: a lane for each (pair, unit) of a warp, whose pairs k lie in one head");
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
@@ -406,7 +406,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
         bool msl_ready[T::NV];
         if constexpr (LANE_MS) {
             ulonglong2 lw = {0, 0};
-            if (c.lane < T::NV * nbc) {  // (a warp's pairs k lie in one head: 64 dims of D 64 or 128)
+            if (c.lane < T::NV * nbc) {  // (a warp's pairs k lie in one head: 2 KOG_WAVE dims, D a multiple)
                 const int k = c.lane / nbc, u = c.lane - k * nbc, e = 2 * (c.warp * KOG_WAVE + k * NTHR), hh = e / D;
                 if (T::has(c.warp * KOG_WAVE, k)) lw = kog_ld_tagged2(part + ((long long)((hh / G * MAXCH + u) * G) + hh % G) * RS + D);
             }
