@@ -4,6 +4,9 @@
 # .models/b with `split -b 50000000`; the gguf wheel travels in .whl).
 #   phase 1 (carry .whl .models/a): the GPU tests on random-init models at real shapes
 #   phase 2 (carry .whl .models/b): real weights: GPU test, kog generate, kog bench
+#   phase variants (carry .whl): timing knobs of the current tree, one call: for each of $MODELS (comma-separated),
+#     greedy tokens of each of $VARIANTS against the default (bench/variant_tokens.py, prompts $CONTEXTS), then
+#     the default and the variants timed twice in alternation at each of $CONTEXTS (bench/decode_breakdown.py)
 #   phase ab (carry .whl .bench): a kernel change against a baseline, one call: latency probes, the GPU
 #     tests, then bench/decode_breakdown.py timing $VARIANTS (default baseline,full) beside the
 #     kernels in .bench/base/kernels (AB_ONLY=1: the timing alone), made beforehand with
@@ -34,6 +37,21 @@ case "$1" in
     2>&1 | tee "$OUT/bench.log"
   timeout 120 $KOG bench --device cuda --context 4096 --tokens 64 --runs 3 --no-peers --model llama-3.2-1b-instruct \
     2>&1 | tee "$OUT/ttft.log"
+  ;;
+variants)
+  : "${MODELS:?MODELS=model,...}" "${VARIANTS:?VARIANTS=variant,...}"
+  CONTEXTS=${CONTEXTS:-32,160}
+  for model in ${MODELS//,/ }; do
+    if ! timeout 200 python3 bench/variant_tokens.py --model "$model" --variants "$VARIANTS" --contexts "$CONTEXTS" 2>&1 \
+      | grep -v Warn | tee -a "$OUT/tokens.log"; then
+      echo "$model: a variant's tokens differ from the default's (or the check failed): not timed"
+      continue
+    fi
+    for ctx in ${CONTEXTS//,/ }; do
+      timeout 200 python3 bench/decode_breakdown.py --models "$model" --trace none --context "$ctx" \
+        --variants "full,$VARIANTS,full,$VARIANTS" 2>&1 | grep -v Warn | grep "^$model" | tee -a "$OUT/timing.log"
+    done
+  done
   ;;
 ab)
   if [ -z "$AB_ONLY" ]; then  # AB_ONLY=1: the timing alone (a second call for more variants)
