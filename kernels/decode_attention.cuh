@@ -80,7 +80,7 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, const kog_u64* pr0, 
         // the max and sum as one 16-byte load (bench/sync_probe.py: a line in flight loaded again costs ~0.3 us)
         ulonglong2 w = {0, 0};
         if (has) w = kog_ld_tagged2(pr0 + j * CS + D);
-        ok &= settle_tagged2(c, w, pr0 + j * CS + D, tag, has);
+        ok &= settle_tagged(c, w, pr0 + j * CS + D, tag, has);
         const float mj = has ? kog_value_of(w.x) : -KOG_INF, lj = has ? kog_value_of(w.y) : 0.f;
         const float Mn = fmaxf(Mx, kog_wave_max(mj));
         L = L * (j0 == 0 ? 0.f : expf(Mx - Mn)) + kog_wave_sum(has ? expf(mj - Mn) * lj : 0.f);

@@ -258,23 +258,20 @@ __device__ __forceinline__ bool poll_again(const Ctx& c, int it, kog_u64& t0, un
     return true;
 }
 
-// Every lane of a wave: a tagged word loaded ahead from p (already published, as a rule; lanes
-// with `has` false have none): if it does not carry `tag` yet, poll it until it does. False on timeout.
-__device__ __forceinline__ bool settle_tagged(const Ctx& c, kog_u64& w, const kog_u64* p, unsigned tag, bool has = true) {
-    kog_u64 t0 = 0;
-    for (int it = 1; kog_wave_any(has && !tag_ready(w, tag)); ++it) {
-        if (!poll_again(c, it, t0, tag)) return false;
-        if (has && !tag_ready(w, tag)) w = kog_ld_tagged(p);
-    }
-    return true;
-}
+// One tagged word, or two adjacent ones loaded as one (16-byte aligned): their load, and whether all carry `tag`.
+__device__ __forceinline__ void load_tagged(kog_u64& w, const kog_u64* p) { w = kog_ld_tagged(p); }
+__device__ __forceinline__ void load_tagged(ulonglong2& w, const kog_u64* p) { w = kog_ld_tagged2(p); }
+__device__ __forceinline__ bool all_ready(kog_u64 w, unsigned tag) { return tag_ready(w, tag); }
+__device__ __forceinline__ bool all_ready(const ulonglong2& w, unsigned tag) { return tag_ready(w.x, tag) && tag_ready(w.y, tag); }
 
-// The same for two adjacent words loaded as one (16-byte aligned): until both carry `tag`.
-__device__ __forceinline__ bool settle_tagged2(const Ctx& c, ulonglong2& w, const kog_u64* p, unsigned tag, bool has = true) {
+// Every lane of a wave: tagged words loaded ahead from p (already published, as a rule; lanes with
+// `has` false have none): if they do not carry `tag` yet, poll them until they do. False on timeout.
+template <class Words>
+__device__ __forceinline__ bool settle_tagged(const Ctx& c, Words& w, const kog_u64* p, unsigned tag, bool has = true) {
     kog_u64 t0 = 0;
-    for (int it = 1; kog_wave_any(has && !(tag_ready(w.x, tag) && tag_ready(w.y, tag))); ++it) {
+    for (int it = 1; kog_wave_any(has && !all_ready(w, tag)); ++it) {
         if (!poll_again(c, it, t0, tag)) return false;
-        if (has && !(tag_ready(w.x, tag) && tag_ready(w.y, tag))) w = kog_ld_tagged2(p);
+        if (has && !all_ready(w, tag)) load_tagged(w, p);
     }
     return true;
 }
