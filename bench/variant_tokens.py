@@ -5,7 +5,7 @@ Each prompt length is a fresh random prompt; every build decodes 256 tokens afte
 160 tokens runs positions 160-415 (where the attention's units per kv head change with the position,
 both of its merges are covered). Variants and their `+` combinations are bench/decode_breakdown.py's.
 
-    python bench/variant_tokens.py --model llama-3.2-1b --variants cm-2+cm-lane-ms-1,rec-pad-1 [--contexts 32,160]
+    python bench/variant_tokens.py --model llama-3.2-1b --variants cm-2,rec-pad-1 [--contexts 32,160]
 """
 
 from __future__ import annotations

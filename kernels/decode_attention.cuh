@@ -375,14 +375,9 @@ __device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (g
     return a.nbc;
 }
 // All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
-// KOG_CM_LANE_MS (timing, with KOG_CM on the big shapes): a warp's (max, sum) words are loaded one per
-// lane (lane k nbc + u: its pairs k's head in unit u) and shuffled, not by every lane for every (k, u):
-// fewer registers in flight where the big shapes' builds spill into every poll loop (PERF.md session 34).
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
     using T = Tagged<QD>;
     constexpr int RS = REC_W;  // a record: D values, max, sum (and the padding)
-    constexpr bool LANE_MS = KOG_CM_LANE_MS != 0;
-    static_assert(!LANE_MS || (T::NV * CM_MAX <= KOG_WAVE && D % (2 * KOG_WAVE) == 0), "KOG_CM_LANE_MS: a lane for each (pair, unit) of a warp, whose pairs k lie in one head");
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
@@ -399,49 +394,27 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
                 const kog_u64* r0 = part + ((long long)(hh / G * MAXCH) * G + hh % G) * RS;  // unit 0's record
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
-                    if (LANE_MS && u < nbc) vw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + d);
-                    else if (u < nbc) vw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + d), sw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + D);
+                    if (u < nbc) vw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + d), sw[k][u] = kog_ld_tagged2(r0 + (long long)u * G * RS + D);
             }
-        float msl[T::NV][cmax(CM_MAX, 1)], lsl[T::NV][cmax(CM_MAX, 1)];  // LANE_MS: the shuffled max and sum
-        bool msl_ready[T::NV];
-        if constexpr (LANE_MS) {
-            ulonglong2 lw = {0, 0};
-            if (c.lane < T::NV * nbc) {  // (a warp's pairs k lie in one head: 2 KOG_WAVE dims, D a multiple)
-                const int k = c.lane / nbc, u = c.lane - k * nbc, e = 2 * (c.warp * KOG_WAVE + k * NTHR), hh = e / D;
-                if (T::has(c.warp * KOG_WAVE, k)) lw = kog_ld_tagged2(part + ((long long)((hh / G * MAXCH + u) * G) + hh % G) * RS + D);
-            }
-            const int lw_ready = tag_ready(lw.x, tag) && tag_ready(lw.y, tag);
-#pragma unroll
-            for (int k = 0; k < T::NV; ++k) {
-                msl_ready[k] = true;
-#pragma unroll
-                for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) {
-                        msl[k][u] = kog_shfl(kog_value_of(lw.x), k * nbc + u), lsl[k][u] = kog_shfl(kog_value_of(lw.y), k * nbc + u);
-                        msl_ready[k] &= kog_shfl(lw_ready, k * nbc + u) != 0;
-                    }
-            }
-        }
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) {
                 bool ready = true;
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
-                    if (LANE_MS && u < nbc) ready &= tag_ready(vw[k][u].x, tag) & tag_ready(vw[k][u].y, tag) & msl_ready[k];
-                    else if (u < nbc) ready &= tag_ready(vw[k][u].x, tag) & tag_ready(vw[k][u].y, tag) & tag_ready(sw[k][u].x, tag) & tag_ready(sw[k][u].y, tag);
+                    if (u < nbc) ready &= tag_ready(vw[k][u].x, tag) & tag_ready(vw[k][u].y, tag) & tag_ready(sw[k][u].x, tag) & tag_ready(sw[k][u].y, tag);
                 if (!ready) continue;
                 // the units in order: the largest max, then the weighted sums (deterministic)
                 float mx = -KOG_INF;
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) mx = fmaxf(mx, LANE_MS ? msl[k][u] : kog_value_of(sw[k][u].x));
+                    if (u < nbc) mx = fmaxf(mx, kog_value_of(sw[k][u].x));
                 float L = 0.f, o0 = 0.f, o1 = 0.f;
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
                     if (u < nbc) {
-                        const float wt = expf((LANE_MS ? msl[k][u] : kog_value_of(sw[k][u].x)) - mx);
-                        L = fmaf(wt, LANE_MS ? lsl[k][u] : kog_value_of(sw[k][u].y), L);
+                        const float wt = expf(kog_value_of(sw[k][u].x) - mx);
+                        L = fmaf(wt, kog_value_of(sw[k][u].y), L);
                         o0 = fmaf(wt, kog_value_of(vw[k][u].x), o0), o1 = fmaf(wt, kog_value_of(vw[k][u].y), o1);
                     }
                 *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = make_float2(o0 / L, o1 / L);

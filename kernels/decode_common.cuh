@@ -31,9 +31,6 @@
 #ifndef KOG_CM  // timing experiments: CM_MAX below forced to this (-1: by shape)
 #define KOG_CM -1
 #endif
-#ifndef KOG_CM_LANE_MS  // timing experiments: 1: O's gather loads the units' (max, sum) words one per lane (stage_attn_merged)
-#define KOG_CM_LANE_MS 0
-#endif
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
 #endif
