@@ -98,6 +98,8 @@ VARIANTS = {
     "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
+    "cm-smem-0": {"KOG_CM_SMEM": "0"},  # O's gather holds the records it merges in registers / copies them into
+    "cm-smem-1": {"KOG_CM_SMEM": "1"},  # shared memory (the default by shape: KOG_CM_SMEM -1; big shapes: with cm-N)
     "rec-pad-0": {"KOG_REC_PAD": "0"},  # the attention records in global memory packed (D + 2 words) / padded to
     "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
