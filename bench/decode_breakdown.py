@@ -75,6 +75,10 @@ VARIANTS = {
     "ring-5": {"KOG_RING": "5"},  # (Qwen2.5's 1.5 KB granules: 90 KB a block, the stash what still fits)
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},
+    "poll-o-300": {"KOG_POLL_O_NS": "300"},  # O's gather of the attention alone sleeps after a missed round
+    "poll-o-1000": {"KOG_POLL_O_NS": "1000"},
+    "poll-act-300": {"KOG_POLL_ACT_NS": "300"},  # down's gather of SiLU(gate)*up alone sleeps after a missed round
+    "poll-act-1000": {"KOG_POLL_ACT_NS": "1000"},
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},
@@ -97,6 +101,7 @@ VARIANTS = {
     "cm-0": {"KOG_CM": "0"},  # the attention units merge their records (no block merges them as it stages O's input)
     "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
+    "cm-4": {"KOG_CM": "4"},  # ... 2-4 units
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
     "cm-smem-0": {"KOG_CM_SMEM": "0"},  # O's gather holds the records it merges in registers / copies them into
     "cm-smem-1": {"KOG_CM_SMEM": "1"},  # shared memory (the default by shape: KOG_CM_SMEM -1; big shapes: with cm-N)

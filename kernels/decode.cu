@@ -126,7 +126,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
-        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD, KOG_POLL_O_NS>(c, xs, P->attn, c.epoch)))
             return false;
         trace_event(c);
         {
@@ -157,7 +157,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
-        if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        if (!stage_copy<DN_K, KOG_POLL_ACT_NS>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);

@@ -16,6 +16,12 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
+#ifndef KOG_POLL_O_NS  // timing experiments: the same for O's gather of the attention alone, where every block
+#define KOG_POLL_O_NS 0  // polls QD words through the attention (their traffic beside the attention's own loads)
+#endif
+#ifndef KOG_POLL_ACT_NS  // timing experiments: the same for down's gather of SiLU(gate)*up alone (blocks done
+#define KOG_POLL_ACT_NS 0  // with gate/up poll beside the blocks that still stream it)
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
