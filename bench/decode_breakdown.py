@@ -79,6 +79,8 @@ VARIANTS = {
     "poll-o-1000": {"KOG_POLL_O_NS": "1000"},
     "poll-act-300": {"KOG_POLL_ACT_NS": "300"},  # down's gather of SiLU(gate)*up alone sleeps after a missed round
     "poll-act-1000": {"KOG_POLL_ACT_NS": "1000"},
+    "o-sleep-2000": {"KOG_O_SLEEP": "2000"},  # before O's gather, sleep for the last token's wait there less 2,000 cycles
+    "o-sleep-4000": {"KOG_O_SLEEP": "4000"},
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},

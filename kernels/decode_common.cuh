@@ -22,6 +22,9 @@
 #ifndef KOG_POLL_ACT_NS  // timing experiments: the same for down's gather of SiLU(gate)*up alone (blocks done
 #define KOG_POLL_ACT_NS 0  // with gate/up poll beside the blocks that still stream it)
 #endif
+#ifndef KOG_O_SLEEP  // timing experiments: > 0: before O's gather a block sleeps for the wait it had there at this
+#define KOG_O_SLEEP 0  // layer for the token before, less this many cycles (forward, decode.cu)
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
