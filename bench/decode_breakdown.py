@@ -75,12 +75,6 @@ VARIANTS = {
     "ring-5": {"KOG_RING": "5"},  # (Qwen2.5's 1.5 KB granules: 90 KB a block, the stash what still fits)
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},
-    "poll-o-300": {"KOG_POLL_O_NS": "300"},  # O's gather of the attention alone sleeps after a missed round
-    "poll-o-1000": {"KOG_POLL_O_NS": "1000"},
-    "poll-act-300": {"KOG_POLL_ACT_NS": "300"},  # down's gather of SiLU(gate)*up alone sleeps after a missed round
-    "poll-act-1000": {"KOG_POLL_ACT_NS": "1000"},
-    "o-sleep-2000": {"KOG_O_SLEEP": "2000"},  # before O's gather, sleep for the last token's wait there less 2,000 cycles
-    "o-sleep-4000": {"KOG_O_SLEEP": "4000"},
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},
@@ -103,10 +97,7 @@ VARIANTS = {
     "cm-0": {"KOG_CM": "0"},  # the attention units merge their records (no block merges them as it stages O's input)
     "cm-2": {"KOG_CM": "2"},  # every block merges the attention units' records where a kv head spans 2 units
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
-    "cm-4": {"KOG_CM": "4"},  # ... 2-4 units
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
-    "cm-smem-0": {"KOG_CM_SMEM": "0"},  # O's gather holds the records it merges in registers / copies them into
-    "cm-smem-1": {"KOG_CM_SMEM": "1"},  # shared memory (the default by shape: KOG_CM_SMEM -1; big shapes: with cm-N)
     "rec-pad-0": {"KOG_REC_PAD": "0"},  # the attention records in global memory packed (D + 2 words) / padded to
     "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start

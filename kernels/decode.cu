@@ -78,29 +78,6 @@ __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, 
     return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
-// KOG_O_SLEEP (timing): O's gather polls the attention's words from every block while the attention
-// runs, and that L2 traffic may slow the attention's own loads (PERF.md session 35: sleeping 1 us after each
-// missed round cost SmolLM2 nothing, where the same sleeps in down's gather cost it 5%). So a block first
-// sleeps for as long as its wait there took at this layer for the token before, less KOG_O_SLEEP cycles
-// (a round trip and some), and only then polls. A wait shorter than predicted shortens the next one.
-#if KOG_O_SLEEP
-__shared__ long long kog_o_wait[NL];  // cycles from entering O's gather to its input staged, the token before
-#endif
-__device__ __forceinline__ long long o_gather_sleep(int l) {
-#if KOG_O_SLEEP
-    const long long t0 = kog_cycles(), until = t0 + kog_o_wait[l] - KOG_O_SLEEP;
-    while (kog_cycles() < until) kog_sleep_ns(64);
-    return t0;
-#else
-    return 0;
-#endif
-}
-__device__ __forceinline__ void o_gather_learn(const Ctx& c, int l, long long t0) {
-#if KOG_O_SLEEP
-    if (c.tid == 0) kog_o_wait[l] = kog_cycles() - t0;  // (read again one token later, many barriers on)
-#endif
-}
-
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
@@ -149,10 +126,8 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
-        const long long o_t0 = o_gather_sleep(l);
-        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD, KOG_POLL_O_NS>(c, xs, P->attn, c.epoch)))
+        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
             return false;
-        o_gather_learn(c, l, o_t0);
         trace_event(c);
         {
             mv_run<MO, MAT_O>(c, xs, red);
@@ -182,7 +157,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
-        if (!stage_copy<DN_K, KOG_POLL_ACT_NS>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
@@ -306,9 +281,6 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
-#if KOG_O_SLEEP
-    for (int l = c.tid; l < NL; l += NTHR) kog_o_wait[l] = 0;
-#endif
     __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen

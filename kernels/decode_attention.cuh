@@ -374,89 +374,8 @@ __device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (g
     att_unit_of(0, pos, a);  // (block 0 always has a unit)
     return a.nbc;
 }
-// CM_SMEM (the big shapes): the records copied into shared memory, not registers (decode_common.cuh).
-// A thread copies its own value words; lane k nbc + u of a warp copies unit u's (max, sum) word for the
-// warp's pair k (a warp's pairs k lie in one head: 2 KOG_WAVE dims), which every lane reads once the
-// warp's copies have landed. A word that carried the tag is not copied again. The copies' wait also
-// waits for the ring's refills and the stash granules in flight (groups complete in order); at O's
-// gather those were issued a phase or more earlier.
-__device__ bool stage_attn_merged_smem(const Ctx& c, float* xs, int nbc, unsigned tag) {
-    using T = Tagged<QD>;
-    constexpr int RS = REC_W;
-    static_assert(T::NV == CM_NV && CM_NV * CM_MAX <= KOG_WAVE && D % (2 * KOG_WAVE) == 0, "a lane for each (pair, unit) of a warp, whose pairs k lie in one head");
-    ulonglong2* const vs = reinterpret_cast<ulonglong2*>(c.sm + CM_AT);                         // [NV][CM_MAX][NTHR]
-    ulonglong2* const ms = reinterpret_cast<ulonglong2*>(c.sm + MV_X) + c.warp * CM_NV * CM_MAX;  // the warp's [NV][CM_MAX]
-    const kog_u64* const part = c.P->part;
-    const auto unit0 = [&](int e) {  // unit 0's record of the query head that element e of O's input is in
-        const int hh = e / D;
-        return part + ((long long)(hh / G * MAXCH) * G + hh % G) * RS;
-    };
-    unsigned pending = 0, landed = 0;  // landed: value words (bit k CM_MAX + u) copied with the tag
-#pragma unroll
-    for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) pending |= 1u << k;
-    const int mk = c.lane / nbc, mu = c.lane - mk * nbc;  // this lane's (max, sum) word: pair mk, unit mu
-    bool ms_copy = c.lane < T::NV * nbc && T::has(c.warp * KOG_WAVE, mk);
-    const kog_u64* const ms_src = unit0(2 * (c.warp * KOG_WAVE + mk * NTHR)) + (long long)mu * G * RS + D;
-    kog_u64 t0 = 0;
-    bool ok = true;
-    for (int it = 1;; ++it) {
-#pragma unroll
-        for (int k = 0; k < T::NV; ++k)
-            if ((pending >> k) & 1u) {
-                const int e = 2 * (c.tid + k * NTHR), d = e % D;
-                const kog_u64* const r0 = unit0(e);
-#pragma unroll
-                for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc && !((landed >> (k * CM_MAX + u)) & 1u))
-                        kog_cp_async16(vs + (k * CM_MAX + u) * NTHR + c.tid, r0 + (long long)u * G * RS + d);
-            }
-        if (ms_copy) kog_cp_async16(ms + mk * CM_MAX + mu, ms_src);
-        kog_cp_async_wait();
-        kog_wave_sync();  // the warp's (max, sum) words have landed
-        if (ms_copy && all_ready(ms[mk * CM_MAX + mu], tag)) ms_copy = false;
-#pragma unroll
-        for (int k = 0; k < T::NV; ++k)
-            if ((pending >> k) & 1u) {
-                bool ready = true;
-#pragma unroll
-                for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) {
-                        const unsigned bit = 1u << (k * CM_MAX + u);
-                        if (!(landed & bit) && all_ready(vs[(k * CM_MAX + u) * NTHR + c.tid], tag)) landed |= bit;
-                        ready &= (landed & bit) && all_ready(ms[k * CM_MAX + u], tag);
-                    }
-                if (!ready) continue;
-                // the units in order: the largest max, then the weighted sums (stage_attn_merged's)
-                float mx = -KOG_INF;
-#pragma unroll
-                for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) mx = fmaxf(mx, kog_value_of(ms[k * CM_MAX + u].x));
-                float L = 0.f, o0 = 0.f, o1 = 0.f;
-#pragma unroll
-                for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) {
-                        const ulonglong2 sw = ms[k * CM_MAX + u], vw = vs[(k * CM_MAX + u) * NTHR + c.tid];
-                        const float wt = expf(kog_value_of(sw.x) - mx);
-                        L = fmaf(wt, kog_value_of(sw.y), L);
-                        o0 = fmaf(wt, kog_value_of(vw.x), o0), o1 = fmaf(wt, kog_value_of(vw.y), o1);
-                    }
-                *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = make_float2(o0 / L, o1 / L);
-                pending &= ~(1u << k);
-            }
-        if (!kog_wave_any(pending)) break;
-        kog_wave_sync();  // the (max, sum) words read above are copied again next round
-        if (!poll_again(c, it, t0, tag)) {
-            ok = false;
-            break;
-        }
-    }
-    return __syncthreads_and(ok);
-}
-
 // All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
-    if constexpr (CM_SMEM) return stage_attn_merged_smem(c, xs, nbc, tag);
     using T = Tagged<QD>;
     constexpr int RS = REC_W;  // a record: D values, max, sum (and the padding)
     unsigned pending = 0;

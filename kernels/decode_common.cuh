@@ -16,15 +16,6 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
-#ifndef KOG_POLL_O_NS  // timing experiments: the same for O's gather of the attention alone, where every block
-#define KOG_POLL_O_NS 0  // polls QD words through the attention (their traffic beside the attention's own loads)
-#endif
-#ifndef KOG_POLL_ACT_NS  // timing experiments: the same for down's gather of SiLU(gate)*up alone (blocks done
-#define KOG_POLL_ACT_NS 0  // with gate/up poll beside the blocks that still stream it)
-#endif
-#ifndef KOG_O_SLEEP  // timing experiments: > 0: before O's gather a block sleeps for the wait it had there at this
-#define KOG_O_SLEEP 0  // layer for the token before, less this many cycles (forward, decode.cu)
-#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -39,9 +30,6 @@
 #endif
 #ifndef KOG_CM  // timing experiments: CM_MAX below forced to this (-1: by shape)
 #define KOG_CM -1
-#endif
-#ifndef KOG_CM_SMEM  // timing experiments: CM_SMEM below forced to this (-1: by shape)
-#define KOG_CM_SMEM -1
 #endif
 #ifndef KOG_STASH  // timing experiments: STASH below forced to this (-1: by shape)
 #define KOG_STASH -1
@@ -486,18 +474,7 @@ constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the f
 constexpr int XS_GAP_B = (MV_X - XHALF - XS_GAP0) / XS_SLOT_F;  // ... the second half's
 constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
 constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
-// Where a thread stages several pairs of O's input (QD > 2 NTHR: the big shapes), O's gather copies the
-// units' records into shared memory (stage_attn_merged) instead of holding nbc x NV 16-byte words a
-// thread in registers, which spilled into every hop's poll loop (Qwen2.5 -5.7%, Llama -8.1%: PERF.md
-// sessions 34-35). The threads' value words [NV][CM_MAX][NTHR] lie past the stash, which blocks without
-// attention work fill before O's gather; each warp's (max, sum) words [NW][NV][CM_MAX] in the products'
-// sums (red), free from QKV's results to O's product.
-constexpr bool CM_SMEM = CM_MAX > 1 && (KOG_CM_SMEM >= 0 ? KOG_CM_SMEM != 0 : QD > 2 * NTHR);
-constexpr int CM_NV = (QD / 2 + NTHR - 1) / NTHR;  // pairs of O's input a thread stages (Tagged<QD>::NV)
-constexpr int CM_AT = STASH_AT + STASH * NW * SLOT * 4;  // floats
-constexpr int CM_F = CM_SMEM ? CM_NV * CM_MAX * NTHR * 4 : 0;
-static_assert(!CM_SMEM || NW * CM_NV * CM_MAX * 4 <= MV_RED, "the warps' (max, sum) words fit the products' sums");
-constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), CM_AT + CM_F) + SMEM_ALIGN / 4 - 1)
+constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");

@@ -286,7 +286,7 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
 
 // Every thread: its pairs of the tagged N-vector at src, once they carry `tag` (all loads of
 // a round in flight together; a round re-reads only what was not ready). False on timeout.
-template <int N, class W = TagWord, int SLEEP_NS = 0>  // SLEEP_NS: a round that missed sleeps this long (timing)
+template <int N, class W = TagWord>
 __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, unsigned tag) {
     using T = Tagged<N>;
     unsigned pending = 0;
@@ -327,7 +327,6 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
                 }
         }
         if (!kog_wave_any(pending)) break;
-        if (SLEEP_NS) kog_sleep_ns(SLEEP_NS);
         if (!poll_again(c, it, t0, tag)) return false;
     }
     return true;
@@ -413,11 +412,11 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
 }
 
 // A tagged N-vector into shared memory (split layout).
-template <int N, int SLEEP_NS = 0>
+template <int N>
 __device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
     using T = Tagged<N>;
     T x;
-    const bool ok = gather_tagged<N, TagWord, SLEEP_NS>(c, x, src, tag);
+    const bool ok = gather_tagged<N>(c, x, src, tag);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k)) *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = x.v[k];
