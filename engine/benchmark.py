@@ -105,7 +105,8 @@ def run_kog(model: LoadedModel, device: str, workload: Workload, synthetic: bool
     result = BackendRun(
         backend=f"kog-{backend.name}", model=model.name, synthetic=synthetic, context=workload.context,
         generate=workload.generate,
-        bytes_per_token=bytes_per_token(model.config, backend.weight_bytes, backend.kv_bytes, workload.context, workload.generate),
+        bytes_per_token=bytes_per_token(model.config, backend.weight_bytes, backend.kv_bytes, workload.context, workload.generate)
+        - backend.greedy_bytes_saved,  # the runs below decode greedily
     )
     for run in range(workload.repetitions + 1):
         prompt = prompt_ids(model.config, workload.context, run)

@@ -78,6 +78,99 @@ __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, 
     return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
+// LM_SCREEN (decode_common.cuh), all threads: the block's LM head rows screened in int8, every block's
+// largest lower bound exchanged (one tagged word a block, in P->act, unused until the next token's MLP), the
+// exact logits of the block's rows whose upper bound reaches it, and the block's best published as the full
+// LM head publishes it. False on timeout.
+__device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
+    static_assert(!MLM8::LANE_SUMS, "a row's sums at red[r NSEG ..], the first overwritten by its upper bound");
+    const KParams* P = c.P;
+    const int r0 = MLM8::row0(c.b), nr = MLM8::row0(c.b + 1) - r0;
+    constexpr int QN = (MLM8::MAXR + NTHR - 1) / NTHR;
+    float2 q[QN];  // (s_r, e_r) of this thread's rows, loaded while the product streams
+#pragma unroll
+    for (int k = 0; k < QN; ++k)
+        q[k] = c.tid + k * NTHR < nr ? __ldg(reinterpret_cast<const float2*>(P->ws + S_LMQ) + r0 + c.tid + k * NTHR)
+                                     : make_float2(0.f, 0.f);
+    mv_run<MLM8, MAT_LM>(c, xs, red);
+    float ss = 0.f;  // |x|^2 of the product's input (both halves of the split layout)
+    for (int e = c.tid; e < H / 2; e += NTHR) ss = fmaf(xs[e], xs[e], fmaf(xs[XHALF + e], xs[XHALF + e], ss));
+    ss = kog_wave_sum(ss);
+    if (c.lane == 0) c.red16[c.warp] = ss;
+    __syncthreads();  // (also: every warp's row sums are in red)
+    ss = 0.f;
+    for (int w = 0; w < NW; ++w) ss += c.red16[w];
+    const float xn = sqrtf(ss);
+    float lo = -KOG_INF;
+#pragma unroll
+    for (int k = 0; k < QN; ++k) {
+        const int r = c.tid + k * NTHR;
+        if (r < nr) {
+            const float a = q[k].x * mv_result<MLM8>(red, r), bound = xn * q[k].y;
+            lo = fmaxf(lo, a - bound);
+            red[r * MLM8::NSEG] = a + bound;
+        }
+    }
+    lo = kog_wave_max(lo);
+    __syncthreads();  // red16 read above
+    if (c.lane == 0) c.red16[c.warp] = lo;
+    __syncthreads();
+    if (c.tid == 0) {
+        for (int w = 1; w < NW; ++w) lo = fmaxf(lo, c.red16[w]);
+        kog_st_tagged(P->act + c.b, lo, c.epoch + 1);
+    }
+    end_phase(c);
+    bool ok = true;
+    if (c.warp == 0) {  // the largest lower bound of all rows
+        constexpr int PER = (NBLK + KOG_WAVE - 1) / KOG_WAVE;
+        unsigned pending = 0;
+#pragma unroll
+        for (int k = 0; k < PER; ++k)
+            if (c.lane + k * KOG_WAVE < NBLK) pending |= 1u << k;
+        float m = -KOG_INF;
+        kog_u64 t0 = 0;
+        for (int it = 1;; ++it) {
+            kog_u64 w[PER];
+#pragma unroll
+            for (int k = 0; k < PER; ++k)
+                if ((pending >> k) & 1u) w[k] = kog_ld_tagged(P->act + c.lane + k * KOG_WAVE);
+#pragma unroll
+            for (int k = 0; k < PER; ++k)
+                if (((pending >> k) & 1u) && tag_ready(w[k], c.epoch)) {
+                    m = fmaxf(m, kog_value_of(w[k]));
+                    pending &= ~(1u << k);
+                }
+            if (!kog_wave_any(pending)) break;
+            if (!poll_again(c, it, t0, c.epoch)) {
+                ok = false;
+                break;
+            }
+        }
+        m = kog_wave_max(m);
+        if (c.lane == 0) c.red16[0] = m;
+    }
+    if (!__syncthreads_and(ok)) return false;
+    const float lo_all = c.red16[0];
+    __syncthreads();  // publish_block_best writes red16
+    // the rows that can still be the argmax, exactly: a warp a row, from its bf16 weights
+    Best best = {-KOG_INF, 0x7fffffff};
+    const uint4* const lmh = reinterpret_cast<const uint4*>(P->w + OFF_LMH);
+    for (int base = c.warp * KOG_WAVE; base < nr; base += NTHR) {
+        unsigned cand = kog_wave_ballot(base + c.lane < nr && red[(base + c.lane) * MLM8::NSEG] >= lo_all);
+        while (cand) {
+            const int row = r0 + base + __ffs(cand) - 1;
+            cand &= cand - 1;
+            const uint4* const wr = lmh + (long long)row * (H / 8);
+            float acc = 0.f;
+            for (int v = c.lane; v < H / 8; v += KOG_WAVE) acc += dot8(kog_ldcg_u4(wr + v), xs_lo(xs, v), xs_hi(xs, v));
+            acc = kog_wave_sum(acc);
+            if (better(acc, row, best.v, best.i)) best.v = acc, best.i = row;
+        }
+    }
+    publish_block_best(c, best);
+    return true;
+}
+
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
@@ -178,7 +271,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     if (b == 0 && c.tid == 0) cancel = kog_ld_sys_s32(P->host_cancel);
     if (!stage_norm_layer_input(c, xs, (c.step + 1) * NL, P->ws + S_FINAL)) return false;
     trace_event(c);
-    {
+    if (LM_SCREEN && c.st.lm8) {
+        if (!lm_screen_pick(c, xs, red)) return false;
+    } else {
         mv_run<MLM, MAT_LM>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
@@ -353,5 +448,6 @@ extern "C" __global__ void kog_info(long long* out) {
         out[14] = DN_SPLIT;
         out[15] = H;  // words at KParams::xsum (kernels before v33 wrote DN_SPLIT x H partial sums there)
         out[16] = REC_W;  // words per attention record at KParams::part (older kernels wrote none: D + 2)
+        out[17] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
     }
 }

@@ -16,6 +16,9 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
+#ifndef KOG_LM_SCREEN  // 1: greedy decoding without penalties screens the LM head's rows in int8 (LM_SCREEN below)
+#define KOG_LM_SCREEN 1
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -235,6 +238,16 @@ constexpr long long OFF_DN = OFF_GU + 2LL * INTER * H;
 constexpr long long LSTRIDE = OFF_DN + (long long)H * INTER;
 constexpr long long OFF_EMB = (long long)NL * LSTRIDE;
 constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * H;
+// LM_SCREEN: greedy decoding (without a repetition penalty) streams an int8 copy of the LM head
+// instead of its bf16 rows, half the bytes: row r holds q = round(w / s_r) in [-127, 127], stored as
+// q + 128, with s_r = max |w_r| / 127. Each row's screened logit s_r (q_r . x) lies within
+// |x| e_r of its exact logit (e_r, from the host: |w_r - s_r q_r| plus fp32 rounding of both sums), so
+// only rows whose upper bound reaches the largest lower bound can be the argmax; those rows' exact
+// logits are then computed from the bf16 rows (lm_screen_pick, decode.cu). The tokens are the bf16
+// argmax's, ties to the first index included. Sampling and penalties read every bf16 row as before.
+constexpr bool LM_SCREEN = KOG_LM_SCREEN != 0;
+constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
+static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
 // small fp32 vectors per layer
 constexpr int S_ATTN_NORM = 0;
 constexpr int S_MLP_NORM = H;
@@ -243,6 +256,7 @@ constexpr int S_QNORM = S_BQKV + NQKV;
 constexpr int S_KNORM = S_QNORM + D;
 constexpr int SSTRIDE = S_KNORM + D;
 constexpr int S_FINAL = NL * SSTRIDE;
+constexpr int S_LMQ = S_FINAL + H;  // LM_SCREEN: per LM head row, its scale s_r and bound factor e_r
 
 // ---- sampler -----------------------------------------------------------------------------
 constexpr int NBINS = 1024;  // probability bins: 16 per octave of p/p_max, 64 octaves
@@ -307,11 +321,13 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     return kv < 64 ? (kv + 31) / 32 : best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0>
+template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, bool I8 = false>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
-             // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only)
+             // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8: rows of 2K int8 weights (LM_SCREEN)
+    static constexpr bool INT8 = I8;
+    static constexpr int XW = I8 ? 2 : 1;  // bf16-sized vectors of input per 16-byte weight vector
     static constexpr int KV = K / 8;  // 16-byte vectors per row
-    static constexpr int U = pick_u(KV, NW);
+    static constexpr int U = I8 ? cmin(pick_u(KV, NW), 2) : pick_u(KV, NW);  // I8: 32 inputs a lane (registers)
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
@@ -345,6 +361,7 @@ using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
 using MLM = Mv<H, VOCAB, 1>;
+using MLM8 = Mv<H / 2, VOCAB, 1, 1, 0, true>;  // the same rows, int8 (LM_SCREEN)
 
 // The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
@@ -369,6 +386,24 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
     s = fmaf(kog_bf16_lo(w.y), a.z, s), t = fmaf(kog_bf16_lo(w.w), b.z, t);
     s = fmaf(kog_bf16_hi(w.y), a.w, s), t = fmaf(kog_bf16_hi(w.w), b.w, t);
     return s + t;
+}
+// LM_SCREEN: byte k of w, stored as q + 128, as the float q: 0x4B0000bb reads 2^23 + bb exactly.
+__device__ __forceinline__ float u8_weight(unsigned w, int k) {
+    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + k)) - 8388736.0f;
+}
+// A vector of 16 int8 weights . its 16 inputs (a0, b0: the first 8; a1, b1: the next 8), four chains of four.
+__device__ __forceinline__ float dot16_u8(uint4 w, float4 a0, float4 b0, float4 a1, float4 b1) {
+    const unsigned ws[4] = {w.x, w.y, w.z, w.w};
+    const float4 xv[4] = {a0, b0, a1, b1};
+    float s[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        s[j] = u8_weight(ws[j], 0) * xv[j].x;
+        s[j] = fmaf(u8_weight(ws[j], 1), xv[j].y, s[j]);
+        s[j] = fmaf(u8_weight(ws[j], 2), xv[j].z, s[j]);
+        s[j] = fmaf(u8_weight(ws[j], 3), xv[j].w, s[j]);
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
 }
 __device__ __forceinline__ float4 xs_lo(const float* xs, int col) {  // inputs 8col..8col+3 of weight vector col
     return reinterpret_cast<const float4*>(xs)[col];
@@ -410,7 +445,7 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-constexpr int MV_RED = cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED));
+constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED : 0);
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
@@ -503,14 +538,14 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // every phase's do: a refill issued early there gains nothing and delays the next input.
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
-__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b) {
+__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {
         case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b);
         case MAT_O: return source_of<MO>(w, wl + OFF_O, b);
         case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b);
         case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b);
-        default: return source_of<MLM>(w, OFF_LMH, b);
+        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b) : source_of<MLM>(w, OFF_LMH, b);
     }
 }
 
@@ -523,6 +558,7 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
     int stash_g0, stash_n;  // STASH: the next product's granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
     unsigned stash_group;   // groups right after the stash's last was committed
+    bool lm8;               // LM_SCREEN and this launch screens: the LM head streams its int8 rows
 #ifdef KOG_TRACE
     unsigned traced;       // refills recorded by trace_ring
 #endif

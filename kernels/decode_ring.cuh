@@ -20,7 +20,7 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
     else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
     else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
     else ++s.mat;
-    s.src = stream_source(s.mat, s.layer, w, b);
+    s.src = stream_source(s.mat, s.layer, w, b, s.lm8);
     s.g = warp;
 }
 
@@ -98,7 +98,8 @@ __device__ void ring_start(Ctx& c) {
 #ifdef KOG_TRACE
     c.st.traced = 0;
 #endif
-    c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b);
+    c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
+    c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
@@ -122,15 +123,19 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
     ring_release(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
-    float4 xa[M::U], xb[M::U];
+    constexpr int XW = M::XW;
+    float4 xa[M::U * XW], xb[M::U * XW];
     if (X_IN_REGS) {
         const int seg = c.warp % M::NSEG;
 #pragma unroll
         for (int i = 0; i < M::U; ++i) {
             const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
             const bool in = M::FULL || col < M::KV;
-            xa[i] = in ? xs_lo(xs, col) : make_float4(0.f, 0.f, 0.f, 0.f);
-            xb[i] = in ? xs_hi(xs, col) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int h = 0; h < XW; ++h) {
+                xa[i * XW + h] = in ? xs_lo(xs, XW * col + h) : make_float4(0.f, 0.f, 0.f, 0.f);
+                xb[i * XW + h] = in ? xs_hi(xs, XW * col + h) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
         }
     }
     trace_mv(c, MAT, 1);
@@ -152,8 +157,13 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
 #pragma unroll
         for (int i = 0; i < M::U; ++i) {
             const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-            d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
-                 : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xs, col), xs_hi(xs, col)) : 0.f;
+            if constexpr (M::INT8)
+                d[i] = X_IN_REGS ? dot16_u8(wv[i], xa[2 * i], xb[2 * i], xa[2 * i + 1], xb[2 * i + 1])
+                     : M::FULL || col < M::KV ? dot16_u8(wv[i], xs_lo(xs, 2 * col), xs_hi(xs, 2 * col), xs_lo(xs, 2 * col + 1), xs_hi(xs, 2 * col + 1))
+                     : 0.f;
+            else
+                d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
+                     : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xs, col), xs_hi(xs, col)) : 0.f;
         }
         float acc = d[0];
 #pragma unroll

@@ -45,6 +45,7 @@ template <typename T>
 __device__ __forceinline__ T kog_shfl_up(T v, int d) { return __shfl_up_sync(KOG_FULL_MASK, v, d); }
 __device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FULL_MASK, p); }
 __device__ __forceinline__ bool kog_wave_any(bool p) { return __any_sync(KOG_FULL_MASK, p); }
+__device__ __forceinline__ unsigned kog_wave_ballot(bool p) { return __ballot_sync(KOG_FULL_MASK, p); }  // bit per lane
 __device__ __forceinline__ void kog_wave_sync() { __syncwarp(); }
 
 // ---- memory model ------------------------------------------------------------------------

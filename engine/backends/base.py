@@ -22,6 +22,7 @@ class Backend(ABC):
     name: str  # "cpu", "cuda", ...
     weight_bytes: int  # bytes per weight as the backend stores them (for bytes-per-token figures)
     kv_bytes: int  # bytes per cached key/value element
+    greedy_bytes_saved = 0  # bytes a greedy decode step reads fewer than every weight (cuda: the LM head's screen)
 
     def __init__(self, config: ModelConfig, max_context: int):
         self.config = config

@@ -75,6 +75,15 @@ class Layout:
         self.sstride = self.s_knorm + D
         self.s_final = c.num_layers * self.sstride
         self.stotal = self.s_final + H
+        self.off_lm8 = self.s_lmq = None
+
+    def add_lm_screen(self, c) -> None:
+        """Room for the LM head's int8 rows after the bf16 weights, and for each row's (scale, bound
+        factor) after the fp32 vectors (kernels: LM_SCREEN, OFF_LM8, S_LMQ)."""
+        self.off_lm8 = self.total
+        self.total += c.vocab_size * c.hidden_size // 2
+        self.s_lmq = self.stotal
+        self.stotal += 2 * c.vocab_size
 
 
 def _cupy():
@@ -121,6 +130,28 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
     tmp.write_bytes(binary)
     tmp.replace(path)
     return path
+
+
+def lm_screen_rows(bf16_rows, xp=np):
+    """The int8 screen of LM head rows given as bf16 bits ([n, H] uint16; numpy or cupy as `xp`), for
+    kernels' LM_SCREEN: (q + 128 as [n, H] uint8, [n, 2] float32 of (s, e)) with q = round(w / s) and
+    s = max |w| / 127 (1 for a zero row), so that s (q . x) in fp32 lies within |x| e of any fp32
+    evaluation of w . x: e covers |w - s q| and the rounding of both dot products (any order, H
+    terms), of |x| and of the bounds' own adds, rounded up to the next float."""
+    H = bf16_rows.shape[1]
+    gamma = (H + 8) * 2.0**-24 * 1.01  # a sum of H fp32 products, against the sum of their sizes
+    w = (bf16_rows.astype(xp.uint32) << 16).view(xp.float32).astype(xp.float64)
+    s = (xp.abs(w).max(axis=1) / 127).astype(xp.float32)
+    s = xp.where(s > 0, s, xp.float32(1))
+    sq = xp.clip(xp.rint(w / s[:, None]), -127, 127)
+    q8 = (sq + 128).astype(xp.uint8)
+    sq *= s[:, None].astype(xp.float64)
+    err = xp.sqrt(((w - sq) ** 2).sum(axis=1))
+    sizes = xp.sqrt((w**2).sum(axis=1)) + xp.sqrt((sq**2).sum(axis=1))
+    e = (err + (2 * gamma + 2.0**-22) * sizes) * (1 + 4 * gamma)
+    e32 = e.astype(xp.float32)
+    e32 = xp.where(e32 < e, xp.nextafter(e32, xp.float32(xp.inf)), e32)
+    return q8, xp.stack([s, e32], axis=1)
 
 
 class CudaBackend(Backend):
@@ -212,7 +243,7 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        info = cp.zeros(17, dtype=cp.int64)
+        info = cp.zeros(18, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
         self.kernel_info = {
@@ -221,7 +252,11 @@ class CudaBackend(Backend):
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
             "xsum_words": int(info[15]), "rec_words": int(info[16]) or self.config.head_dim + 2,
+            "lm_screen": bool(info[17]),
         }
+        if self.kernel_info["lm_screen"]:
+            self.lay.add_lm_screen(self.config)
+            self.greedy_bytes_saved = self.config.vocab_size * self.config.hidden_size  # bf16 rows -> int8
         self.smem = self.kernel_info["smem"]
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
@@ -295,11 +330,23 @@ class CudaBackend(Backend):
         if not self.tied:
             self._bf16(w["lm_head.weight"], self.w[lay.off_lmh : lay.off_lmh + V * H])
         self.ws = cp.asarray(ws)
+        if lay.off_lm8 is not None:
+            self._upload_lm_screen(lay)
         inv = rope.inverse_frequencies(c, w.get("rope_freqs.weight"))
         cos, sin = rope.cos_sin(inv, np.arange(self.max_context))
         half = c.head_dim // 2
         self.rcos = cp.asarray(np.ascontiguousarray(cos[:, :half]))
         self.rsin = cp.asarray(np.ascontiguousarray(sin[:, :half]))
+
+    def _upload_lm_screen(self, lay: Layout) -> None:
+        """The LM head's int8 rows and their constants (kernels: LM_SCREEN), a few thousand rows at a time."""
+        cp, c = self.cp, self.config
+        H, V = c.hidden_size, c.vocab_size
+        rows = self.w[lay.off_lmh : lay.off_lmh + V * H].reshape(V, H)
+        q8 = self.w[lay.off_lm8 : lay.off_lm8 + V * H // 2].view(cp.uint8).reshape(V, H)
+        consts = self.ws[lay.s_lmq : lay.s_lmq + 2 * V].reshape(V, 2)
+        for r0 in range(0, V, 4096):
+            q8[r0 : r0 + 4096], consts[r0 : r0 + 4096] = lm_screen_rows(rows[r0 : r0 + 4096], cp)
 
     def _alloc(self, lay: Layout) -> None:
         cp, c = self.cp, self.config
@@ -491,6 +538,8 @@ class CudaBackend(Backend):
             else:
                 self.cached_tokens = start + int(st[2])
                 self.token_times_ns = self.tok_time[: int(st[1])].get()
+                # a screened LM head leaves no logits behind: the next decode starts from a prefill
+                self.logits_valid = not (self.kernel_info["lm_screen"] and params.greedy and not use_penalty)
         if st[0]:
             what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
             raise KogError(
