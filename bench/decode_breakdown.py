@@ -75,7 +75,8 @@ VARIANTS = {
     "ring-5": {"KOG_RING": "5"},  # (Qwen2.5's 1.5 KB granules: 90 KB a block, the stash what still fits)
     "poll-100": {"KOG_POLL_NS": "100"},
     "poll-300": {"KOG_POLL_NS": "300"},
-    "lm-screen-0": {"KOG_LM_SCREEN": "0"},  # greedy decoding reads every bf16 row of the LM head (no int8 screen)
+    "lm-screen-0": {"KOG_LM_SCREEN": "0"},  # greedy decoding reads every bf16 row of the LM head / screens
+    "lm-screen-1": {"KOG_LM_SCREEN": "1"},  # them in int8 first (the default by shape: KOG_LM_SCREEN -1)
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},

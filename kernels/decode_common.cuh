@@ -16,8 +16,8 @@
 #ifndef KOG_POLL_NS  // timing experiments: ns a poll of other blocks' words sleeps before it looks again
 #define KOG_POLL_NS 0  // (0: it looks again at once); polls read L2, beside the weight stream
 #endif
-#ifndef KOG_LM_SCREEN  // 1: greedy decoding without penalties screens the LM head's rows in int8 (LM_SCREEN below)
-#define KOG_LM_SCREEN 1
+#ifndef KOG_LM_SCREEN  // greedy decoding without penalties screens the LM head's rows in int8: 0 no, 1 yes,
+#define KOG_LM_SCREEN -1  // -1 by shape (LM_SCREEN below)
 #endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
@@ -245,7 +245,10 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // only rows whose upper bound reaches the largest lower bound can be the argmax; those rows' exact
 // logits are then computed from the bf16 rows (lm_screen_pick, decode.cu). The tokens are the bf16
 // argmax's, ties to the first index included. Sampling and penalties read every bf16 row as before.
-constexpr bool LM_SCREEN = KOG_LM_SCREEN != 0;
+// The int8 rows halve the bytes, not the granules (U at most 2: 32 inputs a lane in registers), so it
+// pays where the LM head streams at the bandwidth limit: Llama +4.8%, Qwen2.5 +1.5%, where SmolLM2's short
+// rows (576 B) lost 10% (PERF.md session 35): by shape, rows of at least 1,536 values.
+constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
 // small fp32 vectors per layer

@@ -182,10 +182,12 @@ def test_prefill_in_two_parts_matches_one_pass(model):
 
 
 def test_decode_step_matches(model):
-    """One kernel forward: its logits and the K/V it appends, against transformers and prefill."""
+    """One kernel forward: its logits and the K/V it appends, against transformers and prefill. (A
+    repetition penalty makes the LM head compute every logit: greedy decoding without one may screen
+    the rows in int8 and leave no logits behind, kernels' LM_SCREEN.)"""
     hf, gpu, prompt = model["hf"], model["gpu"], model["prompt"]
     _fresh(gpu, prompt)
-    toks = list(gpu.decode(GREEDY, prompt, 2, set()))
+    toks = list(gpu.decode(SamplingParams(repetition_penalty=1.05), prompt, 2, set()))
     assert len(toks) == 2 and gpu.last_status["error"] == 0
     assert gpu.cached_tokens == PROMPT + 1
     step = gpu.logits.get()
