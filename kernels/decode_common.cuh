@@ -19,6 +19,9 @@
 #ifndef KOG_LM_SCREEN  // greedy decoding without penalties screens the LM head's rows in int8: 0 no, 1 yes,
 #define KOG_LM_SCREEN -1  // -1 by shape (LM_SCREEN below)
 #endif
+#ifndef KOG_LM8_U  // timing experiments: 16-byte vectors a lane at most in a granule of the int8 LM head rows
+#define KOG_LM8_U 2  // (LM_SCREEN; each takes 16 inputs in registers)
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -330,7 +333,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     static constexpr bool INT8 = I8;
     static constexpr int XW = I8 ? 2 : 1;  // bf16-sized vectors of input per 16-byte weight vector
     static constexpr int KV = K / 8;  // 16-byte vectors per row
-    static constexpr int U = I8 ? cmin(pick_u(KV, NW), 2) : pick_u(KV, NW);  // I8: 32 inputs a lane (registers)
+    static constexpr int U = I8 ? cmin(pick_u(KV, NW), KOG_LM8_U) : pick_u(KV, NW);  // I8: 16 inputs a vector, in registers
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
