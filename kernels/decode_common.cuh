@@ -251,9 +251,9 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // The int8 rows halve the bytes, not the granules (U at most 2: 32 inputs a lane in registers), so it
 // pays where the LM head streams at the bandwidth limit: Llama +4.8%, Qwen2.5 +1.5%, where SmolLM2's short
 // rows (576 B) lost 10% (PERF.md session 35): by shape, rows of at least 1,536 values.
-constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536;
+constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
-static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
+static_assert(!LM_SCREEN || (H % 16 == 0 && NBLK <= INTER), "the int8 rows as whole 16-byte vectors; a word of P->act a block");
 // small fp32 vectors per layer
 constexpr int S_ATTN_NORM = 0;
 constexpr int S_MLP_NORM = H;

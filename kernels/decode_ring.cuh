@@ -90,7 +90,10 @@ __device__ __forceinline__ void stash_fill(Ctx& c, bool paced) {
 
 __device__ void ring_start(Ctx& c) {
     // zeros first: a partial granule's unused columns are then finite weights (stale or zero),
-    // which mv_run reads with zero inputs instead of branching around them
+    // which mv_run reads with zero inputs instead of branching around them. (LM_SCREEN's int8 bytes
+    // read as bf16 can be inf or NaN: on the shapes it runs, full granules refill every slot after
+    // the LM head before any partial one reads it; a shape where that fails needs its partial
+    // granules padded, PERF.md session 35.)
     for (int i = c.lane; i < RING * SLOT; i += KOG_WAVE) c.ring[i] = make_uint4(0u, 0u, 0u, 0u);
     c.l2_policy = kog_l2_evict_first();
     c.st.mat = MAT_QKV, c.st.layer = 0, c.st.g = c.warp, c.st.head = 0, c.st.tail = 0, c.st.held = 0, c.st.groups = 0;

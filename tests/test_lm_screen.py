@@ -1,9 +1,11 @@
 """The LM head's int8 screen (kernels: LM_SCREEN; engine/backends/cuda.py: lm_screen_rows), on the CPU.
 
 Greedy decoding on the GPU reads the int8 rows and recomputes from the bf16 rows only those whose upper
-bound reaches the largest lower bound, so the bound must hold for every row and input: here the screened
-logit, computed in fp32 as the kernel does, is checked against fp32 evaluations of the bf16 rows in two
-summation orders, on rows with outliers, a zero row and inputs of very different sizes."""
+bound reaches the largest lower bound, so the bound must hold for every row, every input and every fp32
+summation order the kernel may use. Here the screened logit is computed in fp32 term by term (as the
+kernel's chains do) and checked against fp32 evaluations of the bf16 rows in several orders: on rows with
+outliers, a zero row and inputs of very different sizes; and on rows that lie exactly on the int8 grid
+with inputs whose products cancel, where only the bound's rounding margins keep it."""
 
 import numpy as np
 import pytest
@@ -21,10 +23,23 @@ def bf16_value(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << 16).view(np.float32)
 
 
-def screened(q8: np.ndarray, consts: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """The kernel's screened logits: s_r (q_r . x) with the q exact in fp32."""
+def fp32_dots(w: np.ndarray, x: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each row's dot product with x, accumulated in fp32 one term at a time in `order`."""
+    terms = (w[:, order] * x[order]).astype(np.float32)
+    return np.cumsum(terms, axis=1, dtype=np.float32)[:, -1]
+
+
+def orders(n: int, rng: np.random.Generator) -> list[np.ndarray]:
+    return [np.arange(n), np.arange(n)[::-1], rng.permutation(n)]
+
+
+def screen(bits: np.ndarray, x: np.ndarray, order: np.ndarray):
+    """The kernel's screened logits s_r (q_r . x) and bounds |x| e_r, in fp32."""
+    q8, consts = lm_screen_rows(bits)
     q = q8.astype(np.float32) - np.float32(128)
-    return consts[:, 0] * (q @ x)
+    approx = consts[:, 0] * fp32_dots(q, x, order)
+    bound = np.sqrt(np.float32(x @ x)) * consts[:, 1]
+    return approx, bound
 
 
 @pytest.fixture(params=[64, 576, 1536])
@@ -51,35 +66,71 @@ def test_rows_keep_their_layout(rows):
 
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
 def test_the_bound_holds_for_every_row(rows, scale):
-    q8, consts = lm_screen_rows(rows)
     w32 = bf16_value(rows)
     rng = np.random.default_rng(int(scale * 1000) + rows.shape[1])
-    for _ in range(20):
+    for _ in range(5):
         x = (rng.standard_normal(rows.shape[1]) * scale).astype(np.float32)
         x[rng.integers(rows.shape[1])] *= np.float32(40)  # one large input
-        approx = screened(q8, consts, x)
-        bound = np.float32(np.sqrt(np.float32(x @ x))) * consts[:, 1]
-        for exact in (w32 @ x, w32[:, ::-1] @ x[::-1]):  # two summation orders
-            assert np.all(np.abs(exact.astype(np.float64) - approx) <= bound), "a row's screened logit left its bound"
+        for order in orders(rows.shape[1], rng):
+            approx, bound = screen(rows, x, order)
+            for exact_order in orders(rows.shape[1], rng):
+                exact = fp32_dots(w32, x, exact_order).astype(np.float64)
+                assert np.all(np.abs(exact - approx) <= bound), "a row's screened logit left its bound"
 
 
-def test_the_argmax_row_is_always_a_candidate(rows):
-    """Rows built to tie or nearly tie: the bf16 argmax (first index on ties) is among the rows whose
-    upper bound reaches the largest lower bound."""
+def test_the_rounding_margins_hold_on_the_int8_grid():
+    """Rows exactly on the int8 grid (no quantization error) against inputs whose products cancel to
+    almost nothing: the fp32 sums then differ by their rounding alone, which the bound must cover."""
+    rng = np.random.default_rng(5)
+    n, h = 200, 1536
+    q = rng.integers(-127, 128, size=(n, h)).astype(np.float32)
+    q[:, 0] = 127  # every row's scale is exactly its step
+    step = np.float32(2.0**-7)
+    bits = bf16_bits(q * step)  # integers times a power of two: exact in bf16
+    w32 = bf16_value(bits)
+    q8, consts = lm_screen_rows(bits)
+    assert np.array_equal(q8.astype(np.float32) - 128, q) and np.all(consts[:, 0] == step)
+    worst = 0.0
+    for _ in range(10):
+        x = rng.standard_normal(h).astype(np.float32) * np.float32(1e3)
+        x[1:] -= np.float32(x[1:].mean())  # large inputs that cancel
+        for order in orders(h, rng):
+            approx, bound = screen(bits, x, order)
+            for exact_order in orders(h, rng):
+                gap = np.abs(fp32_dots(w32, x, exact_order).astype(np.float64) - approx)
+                assert np.all(gap <= bound), "the rounding margins do not cover fp32 sums"
+                worst = max(worst, float(np.max(gap / bound)))
+    assert worst > 0  # the sums did differ: the margins alone held them (err is 0 here)
+
+
+def test_every_tied_argmax_row_is_a_candidate(rows):
+    """Copies of the leading row tie exactly (the same fp32 evaluation for every row): each copy,
+    the first index included, is among the rows whose upper bound reaches the largest lower bound."""
     rng = np.random.default_rng(3)
     base = bf16_value(rows)
-    near = np.repeat(base[:1], 6, axis=0)
-    near[1:, 0] = np.nextafter(near[1:, 0], np.float32(1))  # rows one ulp apart, and exact copies
-    near[3] = near[0]
-    w = np.concatenate([base, near])
+    w = np.concatenate([base[:3], np.repeat(base[10:11], 4, axis=0), base[11:]])  # rows 3-6: copies
     bits = bf16_bits(w)
-    q8, consts = lm_screen_rows(bits)
     w32 = bf16_value(bits)
-    for _ in range(50):
-        x = rng.standard_normal(w.shape[1]).astype(np.float32)
-        exact = w32 @ x
-        approx = screened(q8, consts, x)
-        bound = np.float32(np.sqrt(np.float32(x @ x))) * consts[:, 1]
+    order = np.arange(w.shape[1])
+    for _ in range(30):
+        x = (w32[3] * np.float32(20.0) + rng.standard_normal(w.shape[1]).astype(np.float32) * np.float32(0.3))
+        exact = fp32_dots(w32, x, order)
+        tied = np.flatnonzero(exact == exact.max())
+        approx, bound = screen(bits, x, order)
         candidates = np.flatnonzero(approx + bound >= np.max(approx - bound))
-        assert int(np.argmax(exact)) in candidates
+        assert set(tied) <= set(candidates) and tied[0] == 3 and len(tied) >= 4
         assert len(candidates) < len(w)  # the screen leaves rows out
+
+
+def test_the_bound_is_reached_where_x_follows_a_rows_error(rows):
+    """x along a row's own quantization error makes |w . x - s q . x| = |x| |w - s q|: the bound holds
+    there with little to spare, so a smaller e would fail."""
+    q8, consts = lm_screen_rows(rows)
+    w32 = bf16_value(rows)
+    q = q8.astype(np.float32) - np.float32(128)
+    order = np.arange(rows.shape[1])
+    for r in (0, 1, 5, 42, 299):
+        x = ((w32[r].astype(np.float64) - consts[r, 0] * q[r].astype(np.float64)) * 1e3).astype(np.float32)
+        approx, bound = screen(rows, x, order)
+        gap = abs(float(fp32_dots(w32[r : r + 1], x, order)[0]) - float(approx[r]))
+        assert 0.9 * bound[r] <= gap <= bound[r]
