@@ -22,6 +22,9 @@
 #ifndef KOG_LM8_U  // timing experiments: 16-byte vectors a lane at most in a granule of the int8 LM head rows
 #define KOG_LM8_U 2  // (LM_SCREEN; each takes 16 inputs in registers)
 #endif
+#ifndef KOG_LM8_XSMEM  // timing experiments: 1: the int8 LM head's product reads its inputs from shared memory for
+#define KOG_LM8_XSMEM 0  // each vector instead of holding them in registers (so that KOG_LM8_U 4 spills nothing more)
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif

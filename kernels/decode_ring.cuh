@@ -119,7 +119,7 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 // how fast a warp empties its ring slots.
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
-    constexpr bool X_IN_REGS = NW % M::NSEG == 0;
+    constexpr bool X_IN_REGS = NW % M::NSEG == 0 && !(M::INT8 && KOG_LM8_XSMEM);
     const int ngran = mv_ngran<M>(c.b);
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
