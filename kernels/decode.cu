@@ -123,29 +123,17 @@ __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
     bool ok = true;
     if (c.warp == 0) {  // the largest lower bound of all rows
         constexpr int PER = (NBLK + KOG_WAVE - 1) / KOG_WAVE;
-        unsigned pending = 0;
+        float v[PER];
+        unsigned mine = 0;
 #pragma unroll
-        for (int k = 0; k < PER; ++k)
-            if (c.lane + k * KOG_WAVE < NBLK) pending |= 1u << k;
-        float m = -KOG_INF;
-        kog_u64 t0 = 0;
-        for (int it = 1;; ++it) {
-            kog_u64 w[PER];
-#pragma unroll
-            for (int k = 0; k < PER; ++k)
-                if ((pending >> k) & 1u) w[k] = kog_ld_tagged(P->act + c.lane + k * KOG_WAVE);
-#pragma unroll
-            for (int k = 0; k < PER; ++k)
-                if (((pending >> k) & 1u) && tag_ready(w[k], c.epoch)) {
-                    m = fmaxf(m, kog_value_of(w[k]));
-                    pending &= ~(1u << k);
-                }
-            if (!kog_wave_any(pending)) break;
-            if (!poll_again(c, it, t0, c.epoch)) {
-                ok = false;
-                break;
-            }
+        for (int k = 0; k < PER; ++k) {
+            v[k] = -KOG_INF;
+            if (c.lane + k * KOG_WAVE < NBLK) mine |= 1u << k;
         }
+        ok = gather_tagged_strided<PER, KOG_WAVE>(c, v, P->act + c.lane, c.epoch, mine);
+        float m = v[0];
+#pragma unroll
+        for (int k = 1; k < PER; ++k) m = fmaxf(m, v[k]);
         m = kog_wave_max(m);
         if (c.lane == 0) c.red16[0] = m;
     }
