@@ -77,9 +77,6 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "lm-screen-0": {"KOG_LM_SCREEN": "0"},  # greedy decoding reads every bf16 row of the LM head / screens
     "lm-screen-1": {"KOG_LM_SCREEN": "1"},  # them in int8 first (the default by shape: KOG_LM_SCREEN -1)
-    "lm8-u-3": {"KOG_LM8_U": "3"},  # the int8 LM head's granules up to 3 / 4 vectors a lane (default 2: fewer
-    "lm8-u-4": {"KOG_LM8_U": "4"},  # inputs held in registers, twice the granules of the bf16 rows' bytes)
-    "lm8-xsmem-1": {"KOG_LM8_XSMEM": "1"},  # the int8 LM head's inputs read from shared memory (with lm8-u-N)
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},

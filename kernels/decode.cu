@@ -83,36 +83,42 @@ __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, 
 // exact logits of the block's rows whose upper bound reaches it, and the block's best published as the full
 // LM head publishes it. False on timeout.
 __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
-    static_assert(!MLM8::LANE_SUMS, "a row's sums at red[r NSEG ..], the first overwritten by its upper bound");
     const KParams* P = c.P;
     const int r0 = MLM8::row0(c.b), nr = MLM8::row0(c.b + 1) - r0;
     constexpr int QN = (MLM8::MAXR + NTHR - 1) / NTHR;
-    float2 q[QN];  // (s_r, e_r) of this thread's rows, loaded while the product streams
+    float4 q[QN];  // (s_r, e_r, t_r, 0) of this thread's rows, loaded while the product streams
 #pragma unroll
     for (int k = 0; k < QN; ++k)
-        q[k] = c.tid + k * NTHR < nr ? __ldg(reinterpret_cast<const float2*>(P->ws + S_LMQ) + r0 + c.tid + k * NTHR)
-                                     : make_float2(0.f, 0.f);
-    mv_run<MLM8, MAT_LM>(c, xs, red);
-    float ss = 0.f;  // |x|^2 of the product's input (both halves of the split layout)
-    for (int e = c.tid; e < H / 2; e += NTHR) ss = fmaf(xs[e], xs[e], fmaf(xs[XHALF + e], xs[XHALF + e], ss));
-    ss = kog_wave_sum(ss);
-    if (c.lane == 0) c.red16[c.warp] = ss;
-    __syncthreads();  // (also: every warp's row sums are in red)
-    ss = 0.f;
-    for (int w = 0; w < NW; ++w) ss += c.red16[w];
-    const float xn = sqrtf(ss);
+        q[k] = c.tid + k * NTHR < nr ? __ldg(reinterpret_cast<const float4*>(P->ws + S_LMQ) + r0 + c.tid + k * NTHR)
+                                     : make_float4(0.f, 0.f, 0.f, 0.f);
+    // |x|^2 and max |x| of the product's input (both halves of the split layout): the bounds' and the
+    // input's scale s_x (max |x| / s_x = LM8_XQ; a floor keeps s_x a normal float)
+    float ss = 0.f, mx = 0.f;
+    for (int e = c.tid; e < H / 2; e += NTHR) {
+        const float a = xs[e], b = xs[XHALF + e];
+        ss = fmaf(a, a, fmaf(b, b, ss)), mx = fmaxf(mx, fmaxf(fabsf(a), fabsf(b)));
+    }
+    ss = kog_wave_sum(ss), mx = kog_wave_max(mx);
+    float* const red_mx = red + MLM8::RED;  // past the rows' sums (MV_RED)
+    if (c.lane == 0) c.red16[c.warp] = ss, red_mx[c.warp] = mx;
+    __syncthreads();
+    ss = 0.f, mx = 0.f;
+    for (int w = 0; w < NW; ++w) ss += c.red16[w], mx = fmaxf(mx, red_mx[w]);
+    const float xn = sqrtf(ss), sx = fmaxf(mx, 1e-30f) * (1.f / LM8_XQ);
+    mv_run<MLM8, MAT_LM>(c, xs, red, 1.f / sx);
+    __syncthreads();  // every warp's row sums are in red (and red16 was read above)
+    const float cx = sx * LM8_C;
     float lo = -KOG_INF;
 #pragma unroll
     for (int k = 0; k < QN; ++k) {
         const int r = c.tid + k * NTHR;
         if (r < nr) {
-            const float a = q[k].x * mv_result<MLM8>(red, r), bound = xn * q[k].y;
+            const float a = q[k].x * sx * mv_result<MLM8>(red, r), bound = xn * q[k].y + cx * q[k].z;
             lo = fmaxf(lo, a - bound);
             red[r * MLM8::NSEG] = a + bound;
         }
     }
     lo = kog_wave_max(lo);
-    __syncthreads();  // red16 read above
     if (c.lane == 0) c.red16[c.warp] = lo;
     __syncthreads();
     if (c.tid == 0) {

@@ -19,12 +19,6 @@
 #ifndef KOG_LM_SCREEN  // greedy decoding without penalties screens the LM head's rows in int8: 0 no, 1 yes,
 #define KOG_LM_SCREEN -1  // -1 by shape (LM_SCREEN below)
 #endif
-#ifndef KOG_LM8_U  // timing experiments: 16-byte vectors a lane at most in a granule of the int8 LM head rows
-#define KOG_LM8_U 2  // (LM_SCREEN; each takes 16 inputs in registers)
-#endif
-#ifndef KOG_LM8_XSMEM  // timing experiments: 1: the int8 LM head's product reads its inputs from shared memory for
-#define KOG_LM8_XSMEM 0  // each vector instead of holding them in registers (so that KOG_LM8_U 4 spills nothing more)
-#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -245,15 +239,17 @@ constexpr long long LSTRIDE = OFF_DN + (long long)H * INTER;
 constexpr long long OFF_EMB = (long long)NL * LSTRIDE;
 constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * H;
 // LM_SCREEN: greedy decoding (without a repetition penalty) streams an int8 copy of the LM head
-// instead of its bf16 rows, half the bytes: row r holds q = round(w / s_r) in [-127, 127], stored as
-// q + 128, with s_r = max |w_r| / 127. Each row's screened logit s_r (q_r . x) lies within
-// |x| e_r of its exact logit (e_r, from the host: |w_r - s_r q_r| plus fp32 rounding of both sums), so
-// only rows whose upper bound reaches the largest lower bound can be the argmax; those rows' exact
-// logits are then computed from the bf16 rows (lm_screen_pick, decode.cu). The tokens are the bf16
+// instead of its bf16 rows, half the bytes: row r holds q = round(w / s_r) in [-127, 127] with s_r =
+// max |w_r| / 127. Each block quantizes the input too, to 16-bit fixed point x ~ s_x (256 h + l) with
+// h and l int8, so that a row's q . (256 h + l) is exact integer math (four-way byte dot products,
+// two per 4 weights) and a 16-byte vector costs 8 instructions. The screened logit s_r s_x (q_r .
+// x_q) then lies within |x| e_r + s_x t_r C of the exact logit (host: e_r covers |w_r - s_r q_r| and
+// the exact sums' fp32 rounding, t_r = s_r |q_r|_1 the input's quantization; LM8_C below), so only
+// rows whose upper bound reaches the largest lower bound can be the argmax; those rows' exact logits
+// are then computed from the bf16 rows (lm_screen_pick, decode.cu). The tokens are the bf16
 // argmax's, ties to the first index included. Sampling and penalties read every bf16 row as before.
-// The int8 rows halve the bytes, not the granules (U at most 2: 32 inputs a lane in registers), so it
-// pays where the LM head streams at the bandwidth limit: Llama +4.8%, Qwen2.5 +1.5%, where SmolLM2's short
-// rows (576 B) lost 10% (PERF.md session 35): by shape, rows of at least 1,536 values.
+// The int8 rows' granules carry as many vectors as the bf16 rows' (an input vector is 8 registers of
+// bytes, as a bf16 row's is 8 of floats). By shape, rows of at least 1,536 values (PERF.md v42, v43).
 constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || (H % 16 == 0 && NBLK <= INTER), "the int8 rows as whole 16-byte vectors; a word of P->act a block");
@@ -265,7 +261,7 @@ constexpr int S_QNORM = S_BQKV + NQKV;
 constexpr int S_KNORM = S_QNORM + D;
 constexpr int SSTRIDE = S_KNORM + D;
 constexpr int S_FINAL = NL * SSTRIDE;
-constexpr int S_LMQ = S_FINAL + H;  // LM_SCREEN: per LM head row, its scale s_r and bound factor e_r
+constexpr int S_LMQ = (S_FINAL + H + 3) / 4 * 4;  // LM_SCREEN: per LM head row, 16-byte aligned: (s_r, e_r, t_r, 0)
 
 // ---- sampler -----------------------------------------------------------------------------
 constexpr int NBINS = 1024;  // probability bins: 16 per octave of p/p_max, 64 octaves
@@ -334,9 +330,8 @@ template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, bool I8 = fals
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
              // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8: rows of 2K int8 weights (LM_SCREEN)
     static constexpr bool INT8 = I8;
-    static constexpr int XW = I8 ? 2 : 1;  // bf16-sized vectors of input per 16-byte weight vector
     static constexpr int KV = K / 8;  // 16-byte vectors per row
-    static constexpr int U = I8 ? cmin(pick_u(KV, NW), KOG_LM8_U) : pick_u(KV, NW);  // I8: 16 inputs a vector, in registers
+    static constexpr int U = pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
     static constexpr bool FULL = KV % SEGW == 0;
@@ -371,6 +366,13 @@ using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
 using MLM = Mv<H, VOCAB, 1>;
 using MLM8 = Mv<H / 2, VOCAB, 1, 1, 0, true>;  // the same rows, int8 (LM_SCREEN)
+static_assert(!LM_SCREEN || (NW % MLM8::NSEG == 0 && !MLM8::LANE_SUMS && MLM8::U <= 4),
+              "int8 inputs in registers; a granule's two integer sums fit 32 bits");
+// LM_SCREEN: a row's bound is |x| e_r + s_x t_r LM8_C. The input's rounding to s_x (256 h + l) is
+// at most 0.504 s_x an input (half a step, and fp32's rounding of x / s_x); fp32's rounding of the
+// screened logit (NSEG exact segment sums added, two scalings) and of the bound's adds is at most
+// 2^-24 |s_r s_x q_r . x_q| <= 2^-24 32,513 s_x t_r < 2^-9 s_x t_r each.
+constexpr float LM8_C = 0.505f + (MLM8::NSEG + 4) * 0.001953125f;
 
 // The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
@@ -396,23 +398,25 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
     s = fmaf(kog_bf16_hi(w.y), a.w, s), t = fmaf(kog_bf16_hi(w.w), b.w, t);
     return s + t;
 }
-// LM_SCREEN: byte k of w, stored as q + 128, as the float q: 0x4B0000bb reads 2^23 + bb exactly.
-__device__ __forceinline__ float u8_weight(unsigned w, int k) {
-    return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7540 + k)) - 8388736.0f;
-}
-// A vector of 16 int8 weights . its 16 inputs (a0, b0: the first 8; a1, b1: the next 8), four chains of four.
-__device__ __forceinline__ float dot16_u8(uint4 w, float4 a0, float4 b0, float4 a1, float4 b1) {
-    const unsigned ws[4] = {w.x, w.y, w.z, w.w};
-    const float4 xv[4] = {a0, b0, a1, b1};
-    float s[4];
+// LM_SCREEN: the inputs as 16-bit fixed point, x / s_x ~ 256 h + l with h, l int8 (|x| / s_x at most
+// 32,512 by the choice of s_x; LM8_C), four inputs' h and l bytes packed into a word each.
+constexpr float LM8_XQ = 32512.f;
+__device__ __forceinline__ void quantize_x4(float4 x, float inv_sx, unsigned& h, unsigned& l) {
+    const float v[4] = {x.x, x.y, x.z, x.w};
+    h = l = 0u;
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        s[j] = u8_weight(ws[j], 0) * xv[j].x;
-        s[j] = fmaf(u8_weight(ws[j], 1), xv[j].y, s[j]);
-        s[j] = fmaf(u8_weight(ws[j], 2), xv[j].z, s[j]);
-        s[j] = fmaf(u8_weight(ws[j], 3), xv[j].w, s[j]);
+    for (int k = 0; k < 4; ++k) {
+        const int q = min(max(__float2int_rn(v[k] * inv_sx), -32639), 32639);  // NaN -> 0; h stays in [-127, 127]
+        const int lo = ((q + 128) & 255) - 128, hi = (q - lo) >> 8;
+        l |= (unsigned)(lo & 255) << (8 * k), h |= (unsigned)(hi & 255) << (8 * k);
     }
-    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+// A vector of 16 int8 weights . its inputs' h and l bytes, exact: four-way byte dot products.
+__device__ __forceinline__ void dot16_i8(uint4 w, uint4 h, uint4 l, int& sh, int& sl) {
+    sh = kog_dot4_i8(w.x, h.x, sh), sl = kog_dot4_i8(w.x, l.x, sl);
+    sh = kog_dot4_i8(w.y, h.y, sh), sl = kog_dot4_i8(w.y, l.y, sl);
+    sh = kog_dot4_i8(w.z, h.z, sh), sl = kog_dot4_i8(w.z, l.z, sl);
+    sh = kog_dot4_i8(w.w, h.w, sh), sl = kog_dot4_i8(w.w, l.w, sl);
 }
 __device__ __forceinline__ float4 xs_lo(const float* xs, int col) {  // inputs 8col..8col+3 of weight vector col
     return reinterpret_cast<const float4*>(xs)[col];
@@ -454,7 +458,8 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED : 0);
+// (LM_SCREEN: the warps' input maxima after the int8 rows' sums)
+constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + NW : 0);
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land

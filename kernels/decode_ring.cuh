@@ -117,27 +117,38 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 // lane keeps its 8U inputs in registers for the whole product: shared memory then serves only
 // the weights (per 16-byte weight vector, 16 bytes read instead of 48), which is what bounds
 // how fast a warp empties its ring slots.
+// M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
+// (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
+// written to red as a float.
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
-__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
-    constexpr bool X_IN_REGS = NW % M::NSEG == 0 && !(M::INT8 && KOG_LM8_XSMEM);
+__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
+    constexpr bool X_IN_REGS = NW % M::NSEG == 0;
     const int ngran = mv_ngran<M>(c.b);
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
     ring_release(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
-    constexpr int XW = M::XW;
-    float4 xa[M::U * XW], xb[M::U * XW];
+    constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
+    float4 xa[UF], xb[UF];
+    uint4 xh[UI], xl[UI];  // M::INT8: inputs 16 col .. 16 col + 15, their h and l bytes
     if (X_IN_REGS) {
         const int seg = c.warp % M::NSEG;
 #pragma unroll
         for (int i = 0; i < M::U; ++i) {
             const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
             const bool in = M::FULL || col < M::KV;
-#pragma unroll
-            for (int h = 0; h < XW; ++h) {
-                xa[i * XW + h] = in ? xs_lo(xs, XW * col + h) : make_float4(0.f, 0.f, 0.f, 0.f);
-                xb[i * XW + h] = in ? xs_hi(xs, XW * col + h) : make_float4(0.f, 0.f, 0.f, 0.f);
+            const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+            if constexpr (M::INT8) {
+                const float4 x[4] = {in ? xs_lo(xs, 2 * col) : zero, in ? xs_hi(xs, 2 * col) : zero,
+                                     in ? xs_lo(xs, 2 * col + 1) : zero, in ? xs_hi(xs, 2 * col + 1) : zero};
+                quantize_x4(x[0], inv_sx, xh[i].x, xl[i].x);
+                quantize_x4(x[1], inv_sx, xh[i].y, xl[i].y);
+                quantize_x4(x[2], inv_sx, xh[i].z, xl[i].z);
+                quantize_x4(x[3], inv_sx, xh[i].w, xl[i].w);
+            } else {
+                xa[i] = in ? xs_lo(xs, col) : zero;
+                xb[i] = in ? xs_hi(xs, col) : zero;
             }
         }
     }
@@ -156,26 +167,31 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red) {
 #pragma unroll
         for (int i = 0; i < M::U; ++i)
             if (X_IN_REGS || M::FULL || seg * M::SEGW + i * KOG_WAVE + c.lane < M::KV) wv[i] = slot[i * KOG_WAVE + c.lane];
-        float d[M::U];
+        if constexpr (M::INT8) {  // (zero inputs past the row: its slot's stale bytes add nothing)
+            int sh[M::U], sl[M::U];
 #pragma unroll
-        for (int i = 0; i < M::U; ++i) {
-            const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-            if constexpr (M::INT8)
-                d[i] = X_IN_REGS ? dot16_u8(wv[i], xa[2 * i], xb[2 * i], xa[2 * i + 1], xb[2 * i + 1])
-                     : M::FULL || col < M::KV ? dot16_u8(wv[i], xs_lo(xs, 2 * col), xs_hi(xs, 2 * col), xs_lo(xs, 2 * col + 1), xs_hi(xs, 2 * col + 1))
-                     : 0.f;
-            else
+            for (int i = 0; i < M::U; ++i) sh[i] = sl[i] = 0, dot16_i8(wv[i], xh[i], xl[i], sh[i], sl[i]);
+#pragma unroll
+            for (int i = 1; i < M::U; ++i) sh[0] += sh[i], sl[0] += sl[i];
+            sh[0] = kog_wave_sum_i32(sh[0]), sl[0] = kog_wave_sum_i32(sl[0]);
+            if (c.lane == 0) red[g] = (float)(256LL * sh[0] + sl[0]);
+        } else {
+            float d[M::U];
+#pragma unroll
+            for (int i = 0; i < M::U; ++i) {
+                const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
                 d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
                      : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xs, col), xs_hi(xs, col)) : 0.f;
-        }
-        float acc = d[0];
+            }
+            float acc = d[0];
 #pragma unroll
-        for (int i = 1; i < M::U; ++i) acc += d[i];
-        if (M::LANE_SUMS) {
-            red[g * LANE_STRIDE + c.lane] = acc;
-        } else {
-            acc = kog_wave_sum(acc);
-            if (c.lane == 0) red[g] = acc;
+            for (int i = 1; i < M::U; ++i) acc += d[i];
+            if (M::LANE_SUMS) {
+                red[g * LANE_STRIDE + c.lane] = acc;
+            } else {
+                acc = kog_wave_sum(acc);
+                if (c.lane == 0) red[g] = acc;
+            }
         }
         if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
         if (stashed) continue;  // no ring slot emptied

@@ -2,7 +2,8 @@
 // build later needs this header's other half, not a second copy of the kernels.
 //
 // What the kernels rely on:
-//   - wave (warp) size KOG_WAVE and full-wave masks; shuffles and votes over a wave
+//   - wave (warp) size KOG_WAVE and full-wave masks; shuffles, votes and sums over a wave
+//   - four-way int8 dot products (the LM head's int8 screen)
 //   - memory-model primitives: relaxed/acquire loads, release stores, gpu- and system-scope
 //     fences (the flags between blocks and the token stream to host-mapped memory)
 //   - 8-byte atomic adds done in L2 without a return value (the residual stream's summed words)
@@ -39,6 +40,9 @@ __device__ __forceinline__ float kog_wave_max(float v) {
     asm volatile("redux.sync.max.s32 %0, %0, %1;" : "+r"(k) : "r"(KOG_FULL_MASK));
     return __int_as_float(k >= 0 ? k : k ^ 0x7fffffff);
 }
+__device__ __forceinline__ int kog_wave_sum_i32(int v) { return __reduce_add_sync(KOG_FULL_MASK, v); }  // exact
+// c + the four signed byte products of a and b (dp4a)
+__device__ __forceinline__ int kog_dot4_i8(unsigned a, unsigned b, int c) { return __dp4a((int)a, (int)b, c); }
 template <typename T>
 __device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FULL_MASK, v, src); }
 template <typename T>

@@ -2,15 +2,18 @@
 
 Greedy decoding on the GPU reads the int8 rows and recomputes from the bf16 rows only those whose upper
 bound reaches the largest lower bound, so the bound must hold for every row, every input and every fp32
-summation order the kernel may use. Here the screened logit is computed in fp32 term by term (as the
-kernel's chains do) and checked against fp32 evaluations of the bf16 rows in several orders: on rows with
-outliers, a zero row and inputs of very different sizes; and on rows that lie exactly on the int8 grid
-with inputs whose products cancel, where only the bound's rounding margins keep it."""
+summation order the kernel may use. Here the screened logit is computed as the kernel computes it (the
+input in 16-bit fixed point, exact integer sums, fp32 scalings) and checked against fp32 evaluations of
+the bf16 rows in several orders: on rows with outliers, a zero row and inputs of very different sizes;
+on rows that lie exactly on the int8 grid with inputs whose products cancel; and where the input's own
+rounding to fixed point nearly reaches its part of the bound."""
 
 import numpy as np
 import pytest
 
 from engine.backends.cuda import lm_screen_rows
+
+XQ = np.float32(32512)  # max |x| / s_x (kernels: LM8_XQ)
 
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
@@ -33,12 +36,21 @@ def orders(n: int, rng: np.random.Generator) -> list[np.ndarray]:
     return [np.arange(n), np.arange(n)[::-1], rng.permutation(n)]
 
 
-def screen(bits: np.ndarray, x: np.ndarray, order: np.ndarray):
-    """The kernel's screened logits s_r (q_r . x) and bounds |x| e_r, in fp32."""
-    q8, consts = lm_screen_rows(bits)
-    q = q8.astype(np.float32) - np.float32(128)
-    approx = consts[:, 0] * fp32_dots(q, x, order)
-    bound = np.sqrt(np.float32(x @ x)) * consts[:, 1]
+def screen(bits: np.ndarray, x: np.ndarray, nseg: int = 1):
+    """The kernel's screened logits s_r s_x (q_r . x_q) and bounds |x| e_r + s_x t_r C, in fp32, where
+    a row's exact integer sum comes in `nseg` segments added in fp32 (lm_screen_pick, LM8_C)."""
+    f = np.float32
+    q, consts = lm_screen_rows(bits)
+    s, e, t = consts[:, 0], consts[:, 1], consts[:, 2]
+    sx = f(max(f(np.abs(x).max()), f(1e-30)) * f(1 / XQ))
+    xq = np.clip(np.rint(x * (f(1) / sx)), -32639, 32639).astype(np.int64)
+    parts = [q[:, k].astype(np.int64) @ xq[k] for k in np.array_split(np.arange(len(x)), nseg)]
+    v = parts[0].astype(f)
+    for part in parts[1:]:
+        v = v + part.astype(f)
+    approx = s * sx * v
+    c = f(0.505 + (nseg + 4) * 2.0**-9)
+    bound = np.sqrt(f(x @ x)) * e + sx * c * t
     return approx, bound
 
 
@@ -53,54 +65,72 @@ def rows(request):
 
 
 def test_rows_keep_their_layout(rows):
-    q8, consts = lm_screen_rows(rows)
-    assert q8.shape == rows.shape and q8.dtype == np.uint8
-    assert consts.shape == (rows.shape[0], 2) and consts.dtype == np.float32
+    q, consts = lm_screen_rows(rows)
+    assert q.shape == rows.shape and q.dtype == np.int8
+    assert consts.shape == (rows.shape[0], 4) and consts.dtype == np.float32
     w = bf16_value(rows).astype(np.float64)
-    q = q8.astype(np.float64) - 128
+    q = q.astype(np.float64)
     assert q.min() >= -127 and q.max() <= 127
     assert consts[7, 0] == 1.0 and not q[7].any()  # a zero row: scale 1, no weights
     # round to nearest: no weight further than half a step from its int8 value
     assert np.all(np.abs(w - q * consts[:, :1]) <= consts[:, :1] * 0.5 * (1 + 1e-6))
+    assert np.all(consts[:, 2] >= consts[:, 0] * np.abs(q).sum(axis=1)) and not consts[:, 3].any()
 
 
+@pytest.mark.parametrize("nseg", [1, 2])
 @pytest.mark.parametrize("scale", [1e-3, 1.0, 300.0])
-def test_the_bound_holds_for_every_row(rows, scale):
+def test_the_bound_holds_for_every_row(rows, scale, nseg):
     w32 = bf16_value(rows)
     rng = np.random.default_rng(int(scale * 1000) + rows.shape[1])
     for _ in range(5):
         x = (rng.standard_normal(rows.shape[1]) * scale).astype(np.float32)
         x[rng.integers(rows.shape[1])] *= np.float32(40)  # one large input
-        for order in orders(rows.shape[1], rng):
-            approx, bound = screen(rows, x, order)
-            for exact_order in orders(rows.shape[1], rng):
-                exact = fp32_dots(w32, x, exact_order).astype(np.float64)
-                assert np.all(np.abs(exact - approx) <= bound), "a row's screened logit left its bound"
+        approx, bound = screen(rows, x, nseg)
+        for exact_order in orders(rows.shape[1], rng):
+            exact = fp32_dots(w32, x, exact_order).astype(np.float64)
+            assert np.all(np.abs(exact - approx) <= bound), "a row's screened logit left its bound"
 
 
-def test_the_rounding_margins_hold_on_the_int8_grid():
-    """Rows exactly on the int8 grid (no quantization error) against inputs whose products cancel to
-    almost nothing: the fp32 sums then differ by their rounding alone, which the bound must cover."""
-    rng = np.random.default_rng(5)
-    n, h = 200, 1536
+def grid_rows(rng: np.random.Generator, n: int, h: int):
+    """Rows exactly on the int8 grid (no quantization error): (their bf16 bits, q, the step)."""
     q = rng.integers(-127, 128, size=(n, h)).astype(np.float32)
     q[:, 0] = 127  # every row's scale is exactly its step
     step = np.float32(2.0**-7)
-    bits = bf16_bits(q * step)  # integers times a power of two: exact in bf16
+    return bf16_bits(q * step), q, step  # integers times a power of two: exact in bf16
+
+
+def test_the_bound_holds_on_the_int8_grid_with_cancelling_inputs():
+    """Rows on the int8 grid against inputs whose products cancel to almost nothing: the fp32 sums then
+    differ by their rounding and the input's fixed point alone, which the bound must cover."""
+    rng = np.random.default_rng(5)
+    bits, q, step = grid_rows(rng, 200, 1536)
     w32 = bf16_value(bits)
     q8, consts = lm_screen_rows(bits)
-    assert np.array_equal(q8.astype(np.float32) - 128, q) and np.all(consts[:, 0] == step)
-    worst = 0.0
+    assert np.array_equal(q8.astype(np.float32), q) and np.all(consts[:, 0] == step)
     for _ in range(10):
-        x = rng.standard_normal(h).astype(np.float32) * np.float32(1e3)
+        x = rng.standard_normal(q.shape[1]).astype(np.float32) * np.float32(1e3)
         x[1:] -= np.float32(x[1:].mean())  # large inputs that cancel
-        for order in orders(h, rng):
-            approx, bound = screen(bits, x, order)
-            for exact_order in orders(h, rng):
-                gap = np.abs(fp32_dots(w32, x, exact_order).astype(np.float64) - approx)
-                assert np.all(gap <= bound), "the rounding margins do not cover fp32 sums"
-                worst = max(worst, float(np.max(gap / bound)))
-    assert worst > 0  # the sums did differ: the margins alone held them (err is 0 here)
+        approx, bound = screen(bits, x)
+        for exact_order in orders(q.shape[1], rng):
+            gap = np.abs(fp32_dots(w32, x, exact_order).astype(np.float64) - approx)
+            assert np.all(gap <= bound), "the bound does not cover fp32 sums and the input's fixed point"
+
+
+def test_the_bound_is_nearly_reached_by_the_inputs_fixed_point():
+    """Inputs just under half a fixed-point step from the grid, each on the side of its weight's sign,
+    add their rounding up along a row (the row on the int8 grid, so nothing else differs): the bound
+    holds there with little to spare: an input term (LM8_C) a sixth smaller fails."""
+    rng = np.random.default_rng(11)
+    bits, q, _ = grid_rows(rng, 20, 256)  # short rows: the exact sums' rounding margin stays small beside it
+    w32 = bf16_value(bits)
+    order = np.arange(q.shape[1])
+    for r in range(0, 20, 4):
+        n = rng.integers(-3, 4, size=q.shape[1]).astype(np.float32)
+        x = (n + np.float32(0.5 - 2.0**-9) * np.sign(q[r])) * np.float32(2.0**-10)
+        x[0] = np.float32(32512 * 2.0**-10)  # max |x|: s_x is 2^-10 within fp32 rounding
+        approx, bound = screen(bits, x)
+        gap = abs(float(fp32_dots(w32[r : r + 1], x, order)[0]) - float(approx[r]))
+        assert 0.85 * bound[r] <= gap <= bound[r]
 
 
 def test_every_tied_argmax_row_is_a_candidate(rows):
@@ -116,7 +146,7 @@ def test_every_tied_argmax_row_is_a_candidate(rows):
         x = (w32[3] * np.float32(20.0) + rng.standard_normal(w.shape[1]).astype(np.float32) * np.float32(0.3))
         exact = fp32_dots(w32, x, order)
         tied = np.flatnonzero(exact == exact.max())
-        approx, bound = screen(bits, x, order)
+        approx, bound = screen(bits, x)
         candidates = np.flatnonzero(approx + bound >= np.max(approx - bound))
         assert set(tied) <= set(candidates) and tied[0] == 3 and len(tied) >= 4
         assert len(candidates) < len(w)  # the screen leaves rows out
@@ -125,12 +155,11 @@ def test_every_tied_argmax_row_is_a_candidate(rows):
 def test_the_bound_is_reached_where_x_follows_a_rows_error(rows):
     """x along a row's own quantization error makes |w . x - s q . x| = |x| |w - s q|: the bound holds
     there with little to spare, so a smaller e would fail."""
-    q8, consts = lm_screen_rows(rows)
+    q, consts = lm_screen_rows(rows)
     w32 = bf16_value(rows)
-    q = q8.astype(np.float32) - np.float32(128)
     order = np.arange(rows.shape[1])
     for r in (0, 1, 5, 42, 299):
         x = ((w32[r].astype(np.float64) - consts[r, 0] * q[r].astype(np.float64)) * 1e3).astype(np.float32)
-        approx, bound = screen(rows, x, order)
+        approx, bound = screen(rows, x)
         gap = abs(float(fp32_dots(w32[r : r + 1], x, order)[0]) - float(approx[r]))
         assert 0.9 * bound[r] <= gap <= bound[r]

@@ -82,8 +82,8 @@ class Layout:
         factor) after the fp32 vectors (kernels: LM_SCREEN, OFF_LM8, S_LMQ)."""
         self.off_lm8 = self.total
         self.total += c.vocab_size * c.hidden_size // 2
-        self.s_lmq = self.stotal
-        self.stotal += 2 * c.vocab_size
+        self.s_lmq = (self.stotal + 3) // 4 * 4  # 16-byte rows of (s, e, t, 0)
+        self.stotal = self.s_lmq + 4 * c.vocab_size
 
 
 def _cupy():
@@ -134,24 +134,28 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
 
 def lm_screen_rows(bf16_rows, xp=np):
     """The int8 screen of LM head rows given as bf16 bits ([n, H] uint16; numpy or cupy as `xp`), for
-    kernels' LM_SCREEN: (q + 128 as [n, H] uint8, [n, 2] float32 of (s, e)) with q = round(w / s) and
-    s = max |w| / 127 (1 for a zero row), so that s (q . x) in fp32 lies within |x| e of any fp32
-    evaluation of w . x: e covers |w - s q| and the rounding of both dot products (any order, H
-    terms), of |x| and of the bounds' own adds, rounded up to the next float."""
+    kernels' LM_SCREEN: (q as [n, H] int8, [n, 4] float32 of (s, e, t, 0)) with q = round(w / s) and
+    s = max |w| / 127 (1 for a zero row). The kernel's screened logit s s_x (q . x_q), x_q the input in
+    16-bit fixed point, lies within |x| e + s_x t LM8_C of any fp32 evaluation of w . x: e covers |w -
+    s q| and the exact sum's rounding (any order, H terms), with room for the rounding of |x| and of
+    the bound's own products; t = s |q|_1 carries the input's quantization (the kernel's LM8_C). Both
+    are rounded up to the next float."""
     H = bf16_rows.shape[1]
     gamma = (H + 8) * 2.0**-24 * 1.01  # a sum of H fp32 products, against the sum of their sizes
     w = (bf16_rows.astype(xp.uint32) << 16).view(xp.float32).astype(xp.float64)
     s = (xp.abs(w).max(axis=1) / 127).astype(xp.float32)
     s = xp.where(s > 0, s, xp.float32(1))
-    sq = xp.clip(xp.rint(w / s[:, None]), -127, 127)
-    q8 = (sq + 128).astype(xp.uint8)
-    sq *= s[:, None].astype(xp.float64)
-    err = xp.sqrt(((w - sq) ** 2).sum(axis=1))
-    sizes = xp.sqrt((w**2).sum(axis=1)) + xp.sqrt((sq**2).sum(axis=1))
-    e = (err + (2 * gamma + 2.0**-22) * sizes) * (1 + 4 * gamma)
-    e32 = e.astype(xp.float32)
-    e32 = xp.where(e32 < e, xp.nextafter(e32, xp.float32(xp.inf)), e32)
-    return q8, xp.stack([s, e32], axis=1)
+    q = xp.clip(xp.rint(w / s[:, None]), -127, 127)
+    s64 = s.astype(xp.float64)
+    err = xp.sqrt(((w - q * s64[:, None]) ** 2).sum(axis=1))
+    e = (err + (gamma + 2.0**-22) * xp.sqrt((w**2).sum(axis=1))) * (1 + 4 * gamma)
+    t = s64 * xp.abs(q).sum(axis=1) * (1 + 2.0**-20)
+    consts = xp.zeros((len(s), 4), xp.float32)
+    consts[:, 0] = s
+    for k, v in ((1, e), (2, t)):
+        v32 = v.astype(xp.float32)
+        consts[:, k] = xp.where(v32 < v, xp.nextafter(v32, xp.float32(xp.inf)), v32)
+    return q.astype(xp.int8), consts
 
 
 class CudaBackend(Backend):
@@ -343,8 +347,8 @@ class CudaBackend(Backend):
         cp, c = self.cp, self.config
         H, V = c.hidden_size, c.vocab_size
         rows = self.w[lay.off_lmh : lay.off_lmh + V * H].reshape(V, H)
-        q8 = self.w[lay.off_lm8 : lay.off_lm8 + V * H // 2].view(cp.uint8).reshape(V, H)
-        consts = self.ws[lay.s_lmq : lay.s_lmq + 2 * V].reshape(V, 2)
+        q8 = self.w[lay.off_lm8 : lay.off_lm8 + V * H // 2].view(cp.int8).reshape(V, H)
+        consts = self.ws[lay.s_lmq : lay.s_lmq + 4 * V].reshape(V, 4)
         for r0 in range(0, V, 4096):
             q8[r0 : r0 + 4096], consts[r0 : r0 + 4096] = lm_screen_rows(rows[r0 : r0 + 4096], cp)
 
