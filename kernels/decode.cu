@@ -91,29 +91,42 @@ __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
     for (int k = 0; k < QN; ++k)
         q[k] = c.tid + k * NTHR < nr ? __ldg(reinterpret_cast<const float4*>(P->ws + S_LMQ) + r0 + c.tid + k * NTHR)
                                      : make_float4(0.f, 0.f, 0.f, 0.f);
-    // |x|^2 and max |x| of the product's input (both halves of the split layout): the bounds' and the
-    // input's scale s_x (max |x| / s_x = LM8_XQ; a floor keeps s_x a normal float)
-    float ss = 0.f, mx = 0.f;
-    for (int e = c.tid; e < H / 2; e += NTHR) {
-        const float a = xs[e], b = xs[XHALF + e];
-        ss = fmaf(a, a, fmaf(b, b, ss)), mx = fmaxf(mx, fmaxf(fabsf(a), fabsf(b)));
-    }
-    ss = kog_wave_sum(ss), mx = kog_wave_max(mx);
+    // max |x| of the product's input (both halves of the split layout) sets its fixed point's step s_x
+    // (max |x| / s_x = LM8_XQ; a floor keeps s_x a normal float)
+    float mx = 0.f;
+    for (int e = c.tid; e < H / 2; e += NTHR) mx = fmaxf(mx, fmaxf(fabsf(xs[e]), fabsf(xs[XHALF + e])));
+    mx = kog_wave_max(mx);
     float* const red_mx = red + MLM8::RED;  // past the rows' sums (MV_RED)
-    if (c.lane == 0) c.red16[c.warp] = ss, red_mx[c.warp] = mx;
+    float* const red_ss = red_mx + NW;
+    if (c.lane == 0) red_mx[c.warp] = mx;
     __syncthreads();
-    ss = 0.f, mx = 0.f;
-    for (int w = 0; w < NW; ++w) ss += c.red16[w], mx = fmaxf(mx, red_mx[w]);
-    const float xn = sqrtf(ss), sx = fmaxf(mx, 1e-30f) * (1.f / LM8_XQ);
+    mx = 0.f;
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_mx[w]);
+    const float sx = fmaxf(mx, 1e-30f) * (1.f / LM8_XQ);
     mv_run<MLM8, MAT_LM>(c, xs, red, 1.f / sx);
-    __syncthreads();  // every warp's row sums are in red (and red16 was read above)
-    const float cx = sx * LM8_C;
+    // |x|^2 of x times a power of two near 1 / max |x| (exact), so that no square underflows or overflows
+    const int ebits = __float_as_int(fminf(fmaxf(mx, 1e-30f), 1e30f)) & 0x7f800000;
+    const float p2 = __int_as_float(0x7f000000 - ebits);  // 2^-k, max |x| in [2^k, 2^(k+1))
+    float ss = 0.f;
+    for (int e = c.tid; e < H / 2; e += NTHR) {
+        const float a = xs[e] * p2, b = xs[XHALF + e] * p2;
+        ss = fmaf(a, a, fmaf(b, b, ss));
+    }
+    ss = kog_wave_sum(ss);
+    if (c.lane == 0) red_ss[c.warp] = ss;
+    __syncthreads();  // every warp's row sums are in red
+    ss = 0.f;
+    for (int w = 0; w < NW; ++w) ss += red_ss[w];
+    const float xn = sqrtf(ss) * __int_as_float(ebits);  // |x|
+    // (rows whose bound is NaN stay candidates: the test below is "not below")
+    const float tiny = __int_as_float(2 * H + 16);  // (2H + 16) 2^-149: fp32's rounding below the normal floats
     float lo = -KOG_INF;
 #pragma unroll
     for (int k = 0; k < QN; ++k) {
         const int r = c.tid + k * NTHR;
         if (r < nr) {
-            const float a = q[k].x * sx * mv_result<MLM8>(red, r), bound = xn * q[k].y + cx * q[k].z;
+            // (s_x times the row's sum first: both normal, so s_r's product rounds after, not before, the sum)
+            const float a = q[k].x * (sx * mv_result<MLM8>(red, r)), bound = xn * q[k].y + (sx * q[k].z + tiny);
             lo = fmaxf(lo, a - bound);
             red[r * MLM8::NSEG] = a + bound;
         }
@@ -150,7 +163,7 @@ __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
     Best best = {-KOG_INF, 0x7fffffff};
     const uint4* const lmh = reinterpret_cast<const uint4*>(P->w + OFF_LMH);
     for (int base = c.warp * KOG_WAVE; base < nr; base += NTHR) {
-        unsigned cand = kog_wave_ballot(base + c.lane < nr && red[(base + c.lane) * MLM8::NSEG] >= lo_all);
+        unsigned cand = kog_wave_ballot(base + c.lane < nr && !(red[(base + c.lane) * MLM8::NSEG] < lo_all));
         while (cand) {
             const int row = r0 + base + __ffs(cand) - 1;
             cand &= cand - 1;

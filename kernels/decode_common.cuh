@@ -243,13 +243,16 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // max |w_r| / 127. Each block quantizes the input too, to 16-bit fixed point x ~ s_x (256 h + l) with
 // h and l int8, so that a row's q . (256 h + l) is exact integer math (four-way byte dot products,
 // two per 4 weights) and a 16-byte vector costs 8 instructions. The screened logit s_r s_x (q_r .
-// x_q) then lies within |x| e_r + s_x t_r C of the exact logit (host: e_r covers |w_r - s_r q_r| and
-// the exact sums' fp32 rounding, t_r = s_r |q_r|_1 the input's quantization; LM8_C below), so only
-// rows whose upper bound reaches the largest lower bound can be the argmax; those rows' exact logits
-// are then computed from the bf16 rows (lm_screen_pick, decode.cu). The tokens are the bf16
-// argmax's, ties to the first index included. Sampling and penalties read every bf16 row as before.
-// The int8 rows' granules carry as many vectors as the bf16 rows' (an input vector is 8 registers of
-// bytes, as a bf16 row's is 8 of floats). By shape, rows of at least 1,536 values (PERF.md v42, v43).
+// x_q) then lies within |x| e_r + s_x t_r (+ fp32's subnormal rounding) of the exact logit in any
+// fp32 summation order (host, lm_screen_rows: e_r covers |w_r - s_r q_r| and the exact sums'
+// rounding, t_r the input's quantization and the screened logit's own rounding), so only rows whose
+// upper bound reaches the largest lower bound can be the argmax; those rows' exact logits are then
+// computed from the bf16 rows (lm_screen_pick, decode.cu), and the token is their argmax, ties to the
+// first index (as the candidates' recompute sums a row: the full head sums in another order, so at
+// fp32 near-ties the two may differ, as any two summation orders may). Sampling and penalties read
+// every bf16 row as before. The int8 rows' granules carry as many vectors as the bf16 rows' (an
+// input vector is 8 registers of bytes, as a bf16 row's is 8 of floats). By shape, rows of at least
+// 1,536 values (PERF.md v42, v43).
 constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || (H % 16 == 0 && NBLK <= INTER), "the int8 rows as whole 16-byte vectors; a word of P->act a block");
@@ -368,11 +371,7 @@ using MLM = Mv<H, VOCAB, 1>;
 using MLM8 = Mv<H / 2, VOCAB, 1, 1, 0, true>;  // the same rows, int8 (LM_SCREEN)
 static_assert(!LM_SCREEN || (NW % MLM8::NSEG == 0 && !MLM8::LANE_SUMS && MLM8::U <= 4),
               "int8 inputs in registers; a granule's two integer sums fit 32 bits");
-// LM_SCREEN: a row's bound is |x| e_r + s_x t_r LM8_C. The input's rounding to s_x (256 h + l) is
-// at most 0.504 s_x an input (half a step, and fp32's rounding of x / s_x); fp32's rounding of the
-// screened logit (NSEG exact segment sums added, two scalings) and of the bound's adds is at most
-// 2^-24 |s_r s_x q_r . x_q| <= 2^-24 32,513 s_x t_r < 2^-9 s_x t_r each.
-constexpr float LM8_C = 0.505f + (MLM8::NSEG + 4) * 0.001953125f;
+static_assert(!LM_SCREEN || MLM8::NSEG <= (H / 16 + 63) / 64, "the host's t_r covers this many segments' adds");
 
 // The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3
 // at float4 j of the first half, 8j+4..8j+7 at float4 j of the second. A wave reading the eight
@@ -398,8 +397,10 @@ __device__ __forceinline__ float dot8(uint4 w, float4 a, float4 b) {
     s = fmaf(kog_bf16_hi(w.y), a.w, s), t = fmaf(kog_bf16_hi(w.w), b.w, t);
     return s + t;
 }
-// LM_SCREEN: the inputs as 16-bit fixed point, x / s_x ~ 256 h + l with h, l int8 (|x| / s_x at most
-// 32,512 by the choice of s_x; LM8_C), four inputs' h and l bytes packed into a word each.
+// LM_SCREEN: the inputs as 16-bit fixed point, x / s_x ~ 256 h + l with h, l int8, four inputs' h and
+// l bytes packed into a word each. s_x = max |x| / LM8_XQ in fp32, so x / s_x rounds to at most 32,512
+// and lies within 0.504 of it (half a step, and fp32's rounding of s_x, 1 / s_x and x / s_x): the
+// host's t_r (lm_screen_rows) is built on both figures.
 constexpr float LM8_XQ = 32512.f;
 __device__ __forceinline__ void quantize_x4(float4 x, float inv_sx, unsigned& h, unsigned& l) {
     const float v[4] = {x.x, x.y, x.z, x.w};
@@ -458,8 +459,8 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-// (LM_SCREEN: the warps' input maxima after the int8 rows' sums)
-constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + NW : 0);
+// (LM_SCREEN: the warps' input maxima and sums of squares after the int8 rows' sums)
+constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + 2 * NW : 0);
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land

@@ -123,6 +123,7 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
     constexpr bool X_IN_REGS = NW % M::NSEG == 0;
+    static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = mv_ngran<M>(c.b);
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);

@@ -135,13 +135,20 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
 def lm_screen_rows(bf16_rows, xp=np):
     """The int8 screen of LM head rows given as bf16 bits ([n, H] uint16; numpy or cupy as `xp`), for
     kernels' LM_SCREEN: (q as [n, H] int8, [n, 4] float32 of (s, e, t, 0)) with q = round(w / s) and
-    s = max |w| / 127 (1 for a zero row). The kernel's screened logit s s_x (q . x_q), x_q the input in
-    16-bit fixed point, lies within |x| e + s_x t LM8_C of any fp32 evaluation of w . x: e covers |w -
-    s q| and the exact sum's rounding (any order, H terms), with room for the rounding of |x| and of
-    the bound's own products; t = s |q|_1 carries the input's quantization (the kernel's LM8_C). Both
-    are rounded up to the next float."""
+    s = max |w| / 127 (1 for a zero row). The kernel's screened logit s (s_x V), V = q . x_q exactly
+    with x_q the input in 16-bit fixed point (|x_q| <= 32,512, within 0.504 of x / s_x), lies within
+    |x| e + s_x t (+ fp32's rounding below the normal floats) of any fp32 evaluation of w . x:
+    - e covers |w - s q| and the exact sum's rounding (any order, H terms), with room for the rounding
+      of |x| and of the bound's own products;
+    - t = s |q|_1 C covers the input's quantization (0.504 s_x s |q|_1) and the screened logit's own
+      fp32 roundings, each at most 2^-24 32,513 s_x s |q|_1 < 2^-9 s_x s |q|_1: the int -> float of each
+      of the row's segments (one in all), the adds of up to `nseg` segments (ceil(H / 1,024): granules of
+      at least 64 16-byte vectors), the two scalings and the add of the bound, with one to spare.
+    Both are rounded up to the next float."""
     H = bf16_rows.shape[1]
     gamma = (H + 8) * 2.0**-24 * 1.01  # a sum of H fp32 products, against the sum of their sizes
+    nseg = (H // 16 + 63) // 64  # (kernels: a static_assert holds MLM8::NSEG to it)
+    c = 0.505 + (nseg + 4) * 2.0**-9
     w = (bf16_rows.astype(xp.uint32) << 16).view(xp.float32).astype(xp.float64)
     s = (xp.abs(w).max(axis=1) / 127).astype(xp.float32)
     s = xp.where(s > 0, s, xp.float32(1))
@@ -149,7 +156,7 @@ def lm_screen_rows(bf16_rows, xp=np):
     s64 = s.astype(xp.float64)
     err = xp.sqrt(((w - q * s64[:, None]) ** 2).sum(axis=1))
     e = (err + (gamma + 2.0**-22) * xp.sqrt((w**2).sum(axis=1))) * (1 + 4 * gamma)
-    t = s64 * xp.abs(q).sum(axis=1) * (1 + 2.0**-20)
+    t = s64 * xp.abs(q).sum(axis=1) * c * (1 + 2.0**-20)
     consts = xp.zeros((len(s), 4), xp.float32)
     consts[:, 0] = s
     for k, v in ((1, e), (2, t)):
