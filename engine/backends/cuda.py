@@ -78,8 +78,8 @@ class Layout:
         self.off_lm8 = self.s_lmq = None
 
     def add_lm_screen(self, c) -> None:
-        """Room for the LM head's int8 rows after the bf16 weights, and for each row's (scale, bound
-        factor) after the fp32 vectors (kernels: LM_SCREEN, OFF_LM8, S_LMQ)."""
+        """Room for the LM head's int8 rows after the bf16 weights, and for each row's constants (s, e,
+        t, 0; lm_screen_rows) after the fp32 vectors (kernels: LM_SCREEN, OFF_LM8, S_LMQ)."""
         self.off_lm8 = self.total
         self.total += c.vocab_size * c.hidden_size // 2
         self.s_lmq = (self.stotal + 3) // 4 * 4  # 16-byte rows of (s, e, t, 0)
