@@ -78,14 +78,16 @@ __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, 
     return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
-// LM_SCREEN (decode_common.cuh), all threads: the block's LM head rows screened in int8, every block's
-// largest lower bound exchanged (one tagged word a block, in P->act, unused until the next token's MLP), the
-// exact logits of the block's rows whose upper bound reaches it, and the block's best published as the full
-// LM head publishes it. False on timeout.
-__device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
+// LM_SCREEN (decode_common.cuh), all threads: the block's LM head rows screened in int8, the exact logits
+// of those whose upper bound reaches the block's largest lower bound, and the block's best of them published
+// as the full LM head publishes it. The token's row is among them: in its block its upper bound reaches its
+// exact logit, which no lower bound of that block exceeds. (Against every block's bound, exchanged, fewer
+// rows are recomputed, but that exchange is one hop more; PERF.md session 37.)
+__device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     const KParams* P = c.P;
-    const int r0 = MLM8::row0(c.b), nr = MLM8::row0(c.b + 1) - r0;
-    constexpr int QN = (MLM8::MAXR + NTHR - 1) / NTHR;
+    constexpr int R8 = MLM8::ROWS8;  // int8 rows of a product row: block b's int8 rows are R8 row0(b) ..
+    const int r0 = R8 * MLM8::row0(c.b), nr = R8 * MLM8::row0(c.b + 1) - r0;
+    constexpr int QN = (R8 * MLM8::MAXR + NTHR - 1) / NTHR;
     float4 q[QN];  // (s_r, e_r, t_r, 0) of this thread's rows, loaded while the product streams
 #pragma unroll
     for (int k = 0; k < QN; ++k)
@@ -134,30 +136,8 @@ __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
     lo = kog_wave_max(lo);
     if (c.lane == 0) c.red16[c.warp] = lo;
     __syncthreads();
-    if (c.tid == 0) {
-        for (int w = 1; w < NW; ++w) lo = fmaxf(lo, c.red16[w]);
-        kog_st_tagged(P->act + c.b, lo, c.epoch + 1);
-    }
-    end_phase(c);
-    bool ok = true;
-    if (c.warp == 0) {  // the largest lower bound of all rows
-        constexpr int PER = (NBLK + KOG_WAVE - 1) / KOG_WAVE;
-        float v[PER];
-        unsigned mine = 0;
-#pragma unroll
-        for (int k = 0; k < PER; ++k) {
-            v[k] = -KOG_INF;
-            if (c.lane + k * KOG_WAVE < NBLK) mine |= 1u << k;
-        }
-        ok = gather_tagged_strided<PER, KOG_WAVE>(c, v, P->act + c.lane, c.epoch, mine);
-        float m = v[0];
-#pragma unroll
-        for (int k = 1; k < PER; ++k) m = fmaxf(m, v[k]);
-        m = kog_wave_max(m);
-        if (c.lane == 0) c.red16[0] = m;
-    }
-    if (!__syncthreads_and(ok)) return false;
-    const float lo_all = c.red16[0];
+    float lo_all = c.red16[0];  // the block's largest lower bound
+    for (int w = 1; w < NW; ++w) lo_all = fmaxf(lo_all, c.red16[w]);
     __syncthreads();  // publish_block_best writes red16
     // the rows that can still be the argmax, exactly: a warp a row, from its bf16 weights
     Best best = {-KOG_INF, 0x7fffffff};
@@ -175,7 +155,6 @@ __device__ bool lm_screen_pick(Ctx& c, const float* xs, float* red) {
         }
     }
     publish_block_best(c, best);
-    return true;
 }
 
 __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
@@ -279,7 +258,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     if (!stage_norm_layer_input(c, xs, (c.step + 1) * NL, P->ws + S_FINAL)) return false;
     trace_event(c);
     if (LM_SCREEN && c.st.lm8) {
-        if (!lm_screen_pick(c, xs, red)) return false;
+        lm_screen_pick(c, xs, red);
     } else {
         mv_run<MLM, MAT_LM>(c, xs, red);
         __syncthreads();

@@ -246,16 +246,16 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // x_q) then lies within |x| e_r + s_x t_r (+ fp32's subnormal rounding) of the exact logit in any
 // fp32 summation order (host, lm_screen_rows: e_r covers |w_r - s_r q_r| and the exact sums'
 // rounding, t_r the input's quantization and the screened logit's own rounding), so only rows whose
-// upper bound reaches the largest lower bound can be the argmax; those rows' exact logits are then
+// upper bound reaches the largest lower bound of their block's rows can be the argmax; those rows' exact logits are then
 // computed from the bf16 rows (lm_screen_pick, decode.cu), and the token is their argmax, ties to the
 // first index (as the candidates' recompute sums a row: the full head sums in another order, so at
 // fp32 near-ties the two may differ, as any two summation orders may). Sampling and penalties read
 // every bf16 row as before. The int8 rows' granules carry as many vectors as the bf16 rows' (an
-// input vector is 8 registers of bytes, as a bf16 row's is 8 of floats). By shape, rows of at least
-// 1,536 values (PERF.md v42, v43).
-constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
+// input vector is 8 registers of bytes, as a bf16 row's is 8 of floats; short rows in pairs, MLM8).
+// PERF.md v42-v44.
+constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
-static_assert(!LM_SCREEN || (H % 16 == 0 && NBLK <= INTER), "the int8 rows as whole 16-byte vectors; a word of P->act a block");
+static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
 // small fp32 vectors per layer
 constexpr int S_ATTN_NORM = 0;
 constexpr int S_MLP_NORM = H;
@@ -329,11 +329,14 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     return kv < 64 ? (kv + 31) / 32 : best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, bool I8 = false>
+template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
-             // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8: rows of 2K int8 weights (LM_SCREEN)
-    static constexpr bool INT8 = I8;
+             // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8 > 0: rows of 2K int8 weights, each
+             // I8 consecutive int8 rows of 2K / I8 (LM_SCREEN)
+    static constexpr bool INT8 = I8 > 0;
+    static constexpr int ROWS8 = cmax(I8, 1);  // int8 rows in a row of the product
     static constexpr int KV = K / 8;  // 16-byte vectors per row
+    static constexpr int KV8 = KV / ROWS8;  // ... per int8 row
     static constexpr int U = pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
     static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
@@ -349,7 +352,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     // costs less (PERF.md v24, v25: SmolLM2 +2%, Llama +0.6%). Gate/up, down and the LM head
     // stream many granules a warp, and their shuffles hide behind the weight stream.
     static constexpr bool LANE_SUMS = MAXR * NSEG <= KOG_LANE_SUMS * NW;
-    static constexpr int RED = MAXR * NSEG * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
+    static constexpr int RED = MAXR * NSEG * ROWS8 * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
     // Block b's group (its column slice) holds blocks first(k) .. first(k + 1) - 1.
     __device__ static int group(int b) { return GROUPS == 1 ? 0 : b * GROUPS / NBLK; }
     __device__ static int first(int k) { return (k * NBLK + GROUPS - 1) / GROUPS; }
@@ -368,9 +371,14 @@ using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2>;
 using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
 using MLM = Mv<H, VOCAB, 1>;
-using MLM8 = Mv<H / 2, VOCAB, 1, 1, 0, true>;  // the same rows, int8 (LM_SCREEN)
+// The same rows, int8 (LM_SCREEN). An int8 row shorter than the narrowest granule (64 vectors: H < 1024)
+// would leave most of its granule's lanes idle, so that the head streams no faster than in bf16: two rows
+// then share a granule, which carries as many bytes as a bf16 row's.
+constexpr int LM8_ROWS = H / 16 < 64 && VOCAB % 2 == 0 ? 2 : 1;
+using MLM8 = Mv<H / 2 * LM8_ROWS, VOCAB / LM8_ROWS, 1, 1, 0, LM8_ROWS>;
 static_assert(!LM_SCREEN || (NW % MLM8::NSEG == 0 && !MLM8::LANE_SUMS && MLM8::U <= 4),
               "int8 inputs in registers; a granule's two integer sums fit 32 bits");
+static_assert(MLM8::ROWS8 == 1 || MLM8::NSEG == 1, "a granule of paired int8 rows covers both rows whole");
 static_assert(!LM_SCREEN || MLM8::NSEG <= (H / 16 + 63) / 64, "the host's t_r covers this many segments' adds");
 
 // The input vector of a product, staged in shared memory split in two halves: elements 8j..8j+3

@@ -101,7 +101,11 @@ __device__ void ring_start(Ctx& c) {
 #ifdef KOG_TRACE
     c.st.traced = 0;
 #endif
+#ifdef KOG_LM8_NEVER
+    c.st.lm8 = false;
+#else
     c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
+#endif
     c.st.src = stream_source(MAT_QKV, 0, c.P->w, c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
@@ -141,8 +145,9 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
             const bool in = M::FULL || col < M::KV;
             const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
             if constexpr (M::INT8) {
-                const float4 x[4] = {in ? xs_lo(xs, 2 * col) : zero, in ? xs_hi(xs, 2 * col) : zero,
-                                     in ? xs_lo(xs, 2 * col + 1) : zero, in ? xs_hi(xs, 2 * col + 1) : zero};
+                const int c8 = M::ROWS8 == 1 ? col : col % M::KV8;  // the vector's column in its int8 row
+                const float4 x[4] = {in ? xs_lo(xs, 2 * c8) : zero, in ? xs_hi(xs, 2 * c8) : zero,
+                                     in ? xs_lo(xs, 2 * c8 + 1) : zero, in ? xs_hi(xs, 2 * c8 + 1) : zero};
                 quantize_x4(x[0], inv_sx, xh[i].x, xl[i].x);
                 quantize_x4(x[1], inv_sx, xh[i].y, xl[i].y);
                 quantize_x4(x[2], inv_sx, xh[i].z, xl[i].z);
@@ -173,9 +178,17 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
 #pragma unroll
             for (int i = 0; i < M::U; ++i) sh[i] = sl[i] = 0, dot16_i8(wv[i], xh[i], xl[i], sh[i], sl[i]);
 #pragma unroll
-            for (int i = 1; i < M::U; ++i) sh[0] += sh[i], sl[0] += sl[i];
-            sh[0] = kog_wave_sum_i32(sh[0]), sl[0] = kog_wave_sum_i32(sl[0]);
-            if (c.lane == 0) red[g] = (float)(256LL * sh[0] + sl[0]);
+            for (int j = 0; j < M::ROWS8; ++j) {  // the granule's int8 row j: the sum of its vectors
+                int a = 0, b = 0;
+#pragma unroll
+                for (int i = 0; i < M::U; ++i) {
+                    const int v = seg * M::SEGW + i * KOG_WAVE + c.lane;  // (past the rows: zero sums, the last row's)
+                    const bool in_j = M::ROWS8 == 1 || min(v / M::KV8, M::ROWS8 - 1) == j;
+                    a += in_j ? sh[i] : 0, b += in_j ? sl[i] : 0;
+                }
+                a = kog_wave_sum_i32(a), b = kog_wave_sum_i32(b);
+                if (c.lane == 0) red[g * M::ROWS8 + j] = (float)(256LL * a + b);
+            }
         } else {
             float d[M::U];
 #pragma unroll
