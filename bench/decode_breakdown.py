@@ -77,7 +77,7 @@ VARIANTS = {
     "poll-300": {"KOG_POLL_NS": "300"},
     "lm-screen-0": {"KOG_LM_SCREEN": "0"},  # greedy decoding reads every bf16 row of the LM head / screens
     "lm-screen-1": {"KOG_LM_SCREEN": "1"},  # them in int8 first (the default by shape: KOG_LM_SCREEN -1)
-    "lm8-never": {"KOG_LM_SCREEN": "1", "KOG_LM8_NEVER": "1"},
+    "lm8-never": {"KOG_LM_SCREEN": "1", "KOG_LM8_NEVER": "1"},  # the screened build streaming the bf16 head
     "u-2": {"KOG_U": "2"},
     "u-3": {"KOG_U": "3"},
     "u-4": {"KOG_U": "4"},

@@ -101,7 +101,7 @@ __device__ void ring_start(Ctx& c) {
 #ifdef KOG_TRACE
     c.st.traced = 0;
 #endif
-#ifdef KOG_LM8_NEVER
+#ifdef KOG_LM8_NEVER  // timing experiments: a screened build that never screens (PERF.md session 37)
     c.st.lm8 = false;
 #else
     c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
