@@ -334,9 +334,9 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
 
 // One thread: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together;
 // every lane of the wave calls it, as every tagged wait: see poll_again).
-template <int n, int STRIDE>  // pending: the values wanted (bit i: src[STRIDE i]), all by default
-__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag,
-                                      unsigned pending = (1u << n) - 1) {
+template <int n, int STRIDE>
+__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+    unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
     for (int it = 1;; ++it) {
         kog_u64 w[n];
