@@ -4,7 +4,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
-  streaming and the math alone); KOG_RING=n keeps n granules in flight per warp;
+  streaming and the math alone), 6 lets the attention take q/k/v without waiting for them, 7 lets
+  the LM head's int8 screen pick by its bounds (no bf16 row read); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
@@ -69,6 +70,8 @@ VARIANTS = {
     "no-L2-hint": {"KOG_EXP": "3"},
     "no-waits": {"KOG_EXP": "4"},
     "no-merge-wait": {"KOG_EXP": "5"},
+    "no-qkv-wait": {"KOG_EXP": "6"},  # the attention takes q/k/v as they stand (garbage: what their hop costs it)
+    "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},
     "ring-4": {"KOG_RING": "4"},

@@ -214,7 +214,12 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         for (int i = 0; i < DL / 2; ++i)
             co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
             si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
-        ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
+        if (KOG_EXP == 6) {  // timing only: whatever the words hold now (what the q/k/v hop costs the attention)
+#pragma unroll
+            for (int i = 0; i < DL; ++i) v[i] = kog_value_of(kog_ld_tagged(P->qkv + row0 + lane + 32 * i));
+        } else {
+            ok = gather_tagged_lane<DL>(c, v, P->qkv + row0, epoch_qkv);
+        }
         trace_att(c, l, u, 1);
         if (warp == gh + 1) {
 #pragma unroll
