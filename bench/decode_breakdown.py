@@ -4,8 +4,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
 - variants: KOG_EXP=1 skips the attention math, 2 skips the weight loads (matrix math on
   zeros: what remains is synchronisation and per-phase overhead), 3 streams the weights
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
-  streaming and the math alone), 6 lets the attention take q/k/v without waiting for them, 7 lets
-  the LM head's int8 screen pick by its bounds (no bf16 row read); KOG_RING=n keeps n granules in flight per warp;
+  streaming and the math alone), 5 lets the attention units' merge publish at once, 6 lets the
+  attention take q/k/v without waiting for them, 7 lets the LM head's int8 screen pick by its bounds
+  (no bf16 row read); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
