@@ -253,8 +253,8 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // fp32 near-ties the two may differ, as any two summation orders may). Sampling and penalties read
 // every bf16 row as before. The int8 rows' granules carry as many vectors as the bf16 rows' (an
 // input vector is 8 registers of bytes, as a bf16 row's is 8 of floats; short rows in pairs, MLM8).
-// By shape, rows of at least 1,536 values: SmolLM2's layers run slower after a screened head, for a
-// reason not yet known (PERF.md v42-v44).
+// By shape, rows of at least 1,536 values: after a screened head SmolLM2's weight copies issue slower for
+// the whole token, for a reason not yet known (PERF.md v42-v44, session 38).
 constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
