@@ -3,7 +3,8 @@
 Prints, in nanoseconds: a block barrier; a barrier right after issuing global loads that are
 still in flight (does bar.sync wait for them?) and after cp.async copies still in flight; an
 L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
-acquire/release fence with and without stores in flight; the SM clock under load; what a
+acquire/release fence with and without stores in flight; a local-memory load (a spilled register's
+reload) right after an acquire fence or load, against one without; the SM clock under load; what a
 pass over 16-256 KB of straight-line code costs cold and warm (instruction fetch: the decode
 kernel is 270 KB of machine code), and what a 1 KB stretch of code costs after a wait when the
 warp last ran it 39-234 KB of code ago; and whether an L2 prefetch works:
@@ -127,6 +128,41 @@ extern "C" __global__ void probe_fence(float* scratch, u64* out) {
         b += t3 - t2;
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) { out[0] = a / 64; out[1] = b / 64; }
+}
+
+// A local-memory load (where spilled registers live) right after an acquire: one thread chases
+// indices through a local array. out[0] ns per dependent local load; out[1] with fence.acq_rel.gpu
+// before each; out[2] with an ld.acquire.gpu of a flag before each; out[3] the fence alone.
+extern "C" __global__ void probe_local_acquire(const int* perm, const unsigned* flag, u64* out) {
+    int loc[256];  // indexed at run time: in local memory
+    for (int k = 0; k < 256; ++k) loc[k] = perm[k];
+    int i = 0;
+#pragma unroll 1
+    for (int k = 0; k < 256; ++k) i = loc[i];  // warm
+    const u64 t0 = now();
+#pragma unroll 1
+    for (int k = 0; k < 1024; ++k) i = loc[i];
+    const u64 t1 = now();
+#pragma unroll 1
+    for (int k = 0; k < 1024; ++k) {
+        asm volatile("fence.acq_rel.gpu;" ::: "memory");
+        i = loc[i];
+    }
+    const u64 t2 = now();
+    unsigned f = 0;
+#pragma unroll 1
+    for (int k = 0; k < 1024; ++k) {
+        unsigned v;
+        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(flag + (i & 1)) : "memory");
+        f += v;
+        i = loc[i];
+    }
+    const u64 t3 = now();
+#pragma unroll 1
+    for (int k = 0; k < 1024; ++k) asm volatile("fence.acq_rel.gpu;" ::: "memory");
+    const u64 t4 = now();
+    out[0] = (t1 - t0) / 1024, out[1] = (t2 - t1) / 1024, out[2] = (t3 - t2) / 1024, out[3] = (t4 - t3) / 1024;
+    out[4] = i + f;
 }
 
 // The SM clock while every multiprocessor spins: out[0] cycles and out[1] ns over ~200 us.
@@ -413,6 +449,14 @@ extern "C" __global__ void probe_prefetch(const uint4* __restrict__ big, u64* ou
 """
 
 
+def random_cycle(n: int, dtype, seed: int) -> np.ndarray:
+    """next[i] for one cycle through all n indices in random order (a dependent pointer chase)."""
+    order = np.random.default_rng(seed).permutation(n)
+    nxt = np.empty(n, dtype)
+    nxt[order] = np.roll(order, -1)
+    return nxt
+
+
 def main() -> None:
     import cupy as cp
 
@@ -426,13 +470,9 @@ def main() -> None:
     cp.cuda.Device().synchronize()
     o = out.get()
     print(f"barrier alone {o[0]} ns; with 4x16B global loads in flight {o[1]} ns; with cp.async in flight {o[2]} ns")
-    n = 1 << 16  # 256 KB ring: L2-resident
-    perm = np.random.default_rng(0).permutation(n).astype(np.uint32)
-    ring = np.empty(n, np.uint32)
-    ring[perm] = np.roll(perm, -1)
-    ring = cp.asarray(ring)
+    ring = cp.asarray(random_cycle(1 << 16, np.uint32, seed=0))  # 256 KB: L2-resident
     for _ in range(2):
-        mod.get_function("probe_l2")((1,), (1,), (ring, np.int32(n), out))
+        mod.get_function("probe_l2")((1,), (1,), (ring, np.int32(ring.size), out))
     cp.cuda.Device().synchronize()
     print(f"L2-hit dependent load {out.get()[0]} ns")
     flags = cp.zeros(4096, dtype=cp.uint32)
@@ -446,6 +486,13 @@ def main() -> None:
     cp.cuda.Device().synchronize()
     o = out.get()
     print(f"fence.acq_rel.gpu alone {o[0]} ns; after 8 stores per thread {o[1]} ns")
+    local_cycle = cp.asarray(random_cycle(256, np.int32, seed=1))
+    for _ in range(2):
+        mod.get_function("probe_local_acquire")((1,), (1,), (local_cycle, flags, out))
+    cp.cuda.Device().synchronize()
+    o = out.get()
+    print(f"dependent local-memory load {o[0]} ns; after fence.acq_rel.gpu {o[1]} ns; after ld.acquire.gpu {o[2]} ns;"
+          f" the fence alone {o[3]} ns")
     mod.get_function("probe_clock")((nsm,), (32,), (out,))
     cp.cuda.Device().synchronize()
     o = out.get()
