@@ -4,7 +4,8 @@ Prints, in nanoseconds: a block barrier; a barrier right after issuing global lo
 still in flight (does bar.sync wait for them?) and after cp.async copies still in flight; an
 L2-hit load (pointer chase); a flag handed between two blocks (one way); a gpu-scope
 acquire/release fence with and without stores in flight; a local-memory load (a spilled register's
-reload) right after an acquire fence or load, against one without; the SM clock under load; what a
+reload) right after an acquire fence or load, against one without, and as the block's local
+footprint grows beside 0-220 KB of shared memory; the SM clock under load; what a
 pass over 16-256 KB of straight-line code costs cold and warm (instruction fetch: the decode
 kernel is 270 KB of machine code), and what a 1 KB stretch of code costs after a wait when the
 warp last ran it 39-234 KB of code ago; and whether an L2 prefetch works:
@@ -164,6 +165,29 @@ extern "C" __global__ void probe_local_acquire(const int* perm, const unsigned* 
     out[0] = (t1 - t0) / 1024, out[1] = (t2 - t1) / 1024, out[2] = (t3 - t2) / 1024, out[3] = (t4 - t3) / 1024;
     out[4] = i + f;
 }
+
+// Spilled registers' reach: every thread of a 384-thread block chases through its own local array
+// of W words (the block's local footprint: W * 4 * 384 bytes, like a stack frame of that size), with
+// the block's dynamic shared memory (unused) as large as the launch asks: the L1 left beside it shrinks.
+// out[0] ns per dependent local load (thread 0).
+template <int W>
+__device__ void local_footprint(const int* next, u64* out) {
+    int loc[W];  // indexed at run time: in local memory
+    for (int k = 0; k < W; ++k) loc[k] = next[k];
+    int i = 0;
+#pragma unroll 1
+    for (int k = 0; k < 4 * W; ++k) i = loc[i];  // warm
+    __syncthreads();
+    const u64 t0 = now();
+#pragma unroll 1
+    for (int k = 0; k < 1024; ++k) i = loc[i];
+    const u64 t1 = now();
+    if (threadIdx.x == 0) out[0] = (t1 - t0) / 1024, out[1] = i;
+}
+extern "C" __global__ void probe_local_8(const int* next, u64* out) { local_footprint<8>(next, out); }
+extern "C" __global__ void probe_local_32(const int* next, u64* out) { local_footprint<32>(next, out); }
+extern "C" __global__ void probe_local_64(const int* next, u64* out) { local_footprint<64>(next, out); }
+extern "C" __global__ void probe_local_128(const int* next, u64* out) { local_footprint<128>(next, out); }
 
 // The SM clock while every multiprocessor spins: out[0] cycles and out[1] ns over ~200 us.
 extern "C" __global__ void probe_clock(u64* out) {
@@ -493,6 +517,15 @@ def main() -> None:
     o = out.get()
     print(f"dependent local-memory load {o[0]} ns; after fence.acq_rel.gpu {o[1]} ns; after ld.acquire.gpu {o[2]} ns;"
           f" the fence alone {o[3]} ns")
+    for smem_kb in (0, 100, 181, 220):  # 181: SmolLM2's decode block
+        times = []
+        for words in (8, 32, 64, 128):
+            fn = mod.get_function(f"probe_local_{words}")
+            fn.max_dynamic_shared_size_bytes = smem_kb * 1024
+            fn((1,), (384,), (cp.asarray(random_cycle(words, np.int32, seed=2)), out), shared_mem=smem_kb * 1024)
+            cp.cuda.Device().synchronize()
+            times.append(f"{words * 4 * 384 // 1024} KB {out.get()[0]} ns")
+        print(f"local load, 384 threads, {smem_kb} KB shared memory a block, by the block's local footprint: {'; '.join(times)}")
     mod.get_function("probe_clock")((nsm,), (32,), (out,))
     cp.cuda.Device().synchronize()
     o = out.get()
