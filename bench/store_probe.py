@@ -9,7 +9,9 @@ exchange or red.add stores; polls by an atomic or of 0 (performed at L2); st.rel
 system scope (weak loads are left out: nothing makes a weak poll see a store). Then out and back: block 0
 stores r, every other block polls it and answers on its own line, block 0's lanes poll all answers; r
 stored once (one line polled by all) or on each block's own line: ns a round. Last, the kernel's flavour
-with two polls in flight, issued 100-450 cycles apart, against one.
+with two polls in flight, issued 100-450 cycles apart, against one; and the round's two legs timed apart
+by the global timer stamped into 8-byte words (the decode kernel's word size), with 1-131 answering
+blocks whose answers take a line each or share lines eight a line.
 
     python bench/store_probe.py
 """
@@ -130,6 +132,59 @@ __device__ void fan(unsigned* words, u64* out, int stagger) {
     if (me == 0 && lane == 0) out[0] = (t1 - t0) / 500;
 }
 
+// The two legs of that round apart, in the kernel's flavour with 8-byte words (r high, the writer's
+// globaltimer low, as the decode kernel's tagged words carry a tag beside the value): each of the
+// other blocks measures how long block 0's word took to reach it (out), and block 0 how long after
+// the last answer was stored it had seen them all (back). out[0]: summed out-leg ns over rounds and
+// blocks; out[2]: summed back-leg ns; out[3 + r]: round r's slowest out-leg.
+__device__ __forceinline__ void put64(u64* p, u64 v) { asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory"); }
+__device__ __forceinline__ u64 get64(const u64* p) {
+    u64 v; asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v; }
+__device__ __forceinline__ u64 stamped(unsigned r) { return (u64)r << 32 | (unsigned)now(); }
+__device__ __forceinline__ unsigned since(u64 word) { return (unsigned)now() - (unsigned)word; }  // mod 2^32 ns
+// `apart`: u64 words between two blocks' answers (16: a line each; 1: eight a line); blocks >= n answer nothing.
+extern "C" __global__ void legs(u64* words, u64* out, int n, int apart) {
+    const int me = blockIdx.x, lane = threadIdx.x;
+    if (me >= n) return;
+    u64* const answers = words + 16 * 1024;
+    u64 out_sum = 0, back_sum = 0;
+    for (unsigned r = 1; r <= 500; ++r) {
+        if (me == 0) {
+            if (lane == 0) put64(words, stamped(r));
+            unsigned last_store = 0;  // the latest answer's globaltimer (low bits)
+            for (bool all = false; !all;) {
+                all = true;
+                for (int j = 1 + lane; j < n; j += 32) {
+                    const u64 w = get64(answers + apart * j);
+                    if ((unsigned)(w >> 32) < r) all = false;
+                    else if ((int)((unsigned)w - last_store) > 0 || last_store == 0) last_store = (unsigned)w;
+                }
+                all = __all_sync(0xffffffffu, all);
+            }
+            const unsigned done = (unsigned)now();
+            unsigned latest = last_store;
+            bool has = 1 + lane < n;  // lanes past the answering blocks hold no stamp
+            for (int o = 16; o > 0; o /= 2) {
+                const unsigned other = __shfl_xor_sync(0xffffffffu, latest, o);
+                const bool other_has = __shfl_xor_sync(0xffffffffu, has, o);
+                if (other_has && (!has || (int)(other - latest) > 0)) latest = other;
+                has |= other_has;
+            }
+            back_sum += done - latest;
+        } else if (lane == 0) {
+            u64 w;
+            while ((unsigned)((w = get64(words)) >> 32) < r) {}
+            const unsigned leg = since(w);
+            out_sum += leg;
+            atomicMax(&out[3 + r], (u64)leg);  // the round's slowest out-leg, summed once the kernel is done
+            put64(answers + apart * me, stamped(r));
+        }
+        __syncwarp();
+    }
+    if (lane == 0 && me > 0) atomicAdd(&out[0], out_sum);
+    if (lane == 0 && me == 0) out[2] = back_sum;
+}
+
 #define FLAVOUR(F) \
     extern "C" __global__ void pingpong_##F(unsigned* w, int partner, u64* out, int stagger) { \
         pingpong<F>(w, partner, out, stagger); } \
@@ -145,7 +200,7 @@ def main() -> None:
     mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
     nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
     words = cp.zeros(1 << 16, dtype=cp.uint32)
-    out = cp.zeros(4, dtype=cp.uint64)
+    out = cp.zeros(4 + 500, dtype=cp.uint64)
     partners = np.linspace(1, nsm - 1, 8).astype(int)
     smem = 150 << 10  # one block a multiprocessor
     for f in range(len(FLAVOURS)):
@@ -182,6 +237,17 @@ def main() -> None:
         print(f"the kernel's flavour, {'one poll' if stagger == 0 else f'two polls {stagger} cycles apart'} in flight:"
               f" one way {min(t)} / {int(np.median(t))} / {max(t)} ns; out to {nsm - 1} blocks and back"
               f" {round_ns('fan_0', stagger)} ns a round")
+    legs = mod.get_function("legs")
+    legs.max_dynamic_shared_size_bytes = smem
+    for n, apart in ((nsm, 16), (nsm, 1), (65, 16), (33, 16), (33, 1), (9, 16), (9, 1), (2, 16)):
+        words.fill(0)
+        out.fill(0)
+        legs((nsm,), (32,), (words, out, np.int32(n), np.int32(apart)), shared_mem=smem)
+        cp.cuda.Device().synchronize()
+        o = out.get()
+        print(f"the round's legs with {n - 1} answering blocks, answers {'a line each' if apart == 16 else 'eight a line'}"
+              f" (8-byte stamped words): out {o[0] / 500 / (n - 1):.0f} ns on average, the slowest block"
+              f" {o[4:].mean():.0f} ns; back (the last answer stored to all seen) {o[2] / 500:.0f} ns")
 
 if __name__ == "__main__":
     main()
