@@ -249,5 +249,6 @@ def main() -> None:
               f" (8-byte stamped words): out {o[0] / 500 / (n - 1):.0f} ns on average, the slowest block"
               f" {o[4:].mean():.0f} ns; back (the last answer stored to all seen) {o[2] / 500:.0f} ns")
 
+
 if __name__ == "__main__":
     main()

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from bench.sync_probe import random_cycle
+
 SOURCE = r"""
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
@@ -91,14 +93,6 @@ extern "C" __global__ void __launch_bounds__(384) stream(const char* w, int nreg
 """
 
 
-def random_cycle(n: int, seed: int) -> np.ndarray:
-    """next[i] for one cycle through all n indices in random order (a dependent pointer chase)."""
-    order = np.random.default_rng(seed).permutation(n)
-    nxt = np.empty(n, np.int32)
-    nxt[order] = np.roll(order, -1)
-    return nxt
-
-
 def main() -> None:
     import cupy as cp
 
@@ -113,7 +107,7 @@ def main() -> None:
             for n in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
                 if n * stride + nsm * 128 + 128 * 256 > buf.size:
                     continue
-                nxt = cp.asarray(random_cycle(n, seed=n))
+                nxt = cp.asarray(random_cycle(n, np.int32, seed=n))
                 mod.get_function("chase_setup")(((n + 255) // 256,), (256,), (base, nxt, np.int32(n), np.int64(stride),
                                                                             np.int32(blocks)))
                 out.fill(0)
