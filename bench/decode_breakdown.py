@@ -25,7 +25,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_HOLD=mask (bit 0 QKV .. 3 down) forces the kernel's HOLD: while a matrix in the mask is
   consumed, ring refills for a later matrix wait until the next product's input is staged
   (QKV's: until the block's attention work is done); hold-none: refills never wait;
-  KOG_NBLK=n runs a grid of n blocks instead of one per multiprocessor;
+  KOG_NBLK=n runs a grid of n blocks instead of one per multiprocessor; KOG_ICACHE_KB=n runs n KB more
+  straight-line code once a token (after the LM head), KOG_ICACHE_LAYER_KB=n once a layer (by the blocks
+  without attention work, while the attention runs): how much room the code leaves in the instruction cache;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -136,6 +138,8 @@ VARIANTS = {
     "dn-split-1": {"KOG_DN_SPLIT": "1"},  # down unsplit: every block gathers all of act (tagged)
     **{f"dn-split-{n}": {"KOG_DN_SPLIT": str(n)} for n in (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)},  # down's column slices
     **{f"grid-{n}": {"KOG_NBLK": str(n)} for n in (33, 44, 66, 88, 100, 114, 120)},  # blocks (fewer than SMs)
+    **{f"icache-{n}": {"KOG_ICACHE_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # n KB more machine code a token
+    **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

@@ -39,6 +39,22 @@
 #include "decode_sampler.cuh"
 #include "decode_attention.cuh"
 
+// Timing experiments only (KOG_ICACHE_KB, KOG_ICACHE_LAYER_KB): KB kilobytes of straight-line machine code
+// (four FMA chains), to see whether the code a token or a layer runs outgrows the instruction cache.
+template <int KB>
+__device__ __forceinline__ void run_filler_code(const Ctx& c) {
+    if (KB <= 0) return;
+    float a0 = c.tid, a1 = a0 + 1.f, a2 = a0 + 2.f, a3 = a0 + 3.f;
+#pragma unroll
+    for (int i = 0; i < KB * 16; ++i) {
+        asm volatile("fma.rn.f32 %0, %0, 0f3F800347, 0f3F000000;" : "+f"(a0));
+        asm volatile("fma.rn.f32 %0, %0, 0f3F800347, 0f3F000000;" : "+f"(a1));
+        asm volatile("fma.rn.f32 %0, %0, 0f3F800347, 0f3F000000;" : "+f"(a2));
+        asm volatile("fma.rn.f32 %0, %0, 0f3F800347, 0f3F000000;" : "+f"(a3));
+    }
+    if (a0 + a1 + a2 + a3 == 1.2345f) c.red16[0] = a0;  // never: keeps the chains
+}
+
 // ---- one token through the model ---------------------------------------------------------
 // The block's rows of an H-row product (O, down) into its slice of the residual stream, which
 // every block then reads as tagged words of the next phase.
@@ -205,6 +221,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (HOLD >> MAT_QKV & 1) ring_release(c);
         AttUnit unit;
         const bool att_work = att_unit_of(b, pos, unit);
+        if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
@@ -276,6 +293,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         publish_block_best(c, best);
     }
     if (b == 0 && c.tid == 0) P->ctl[1] = cancel;
+    run_filler_code<KOG_ICACHE_KB>(c);
     arrive(c);
     return true;
 }

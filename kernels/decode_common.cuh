@@ -66,6 +66,12 @@
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
+#ifndef KOG_ICACHE_KB  // timing experiments: n KB of straight-line code (64 FMAs a KB) run once a token, after the LM head,
+#define KOG_ICACHE_KB 0   // to see whether the per-token code outgrows the instruction cache (bench/fetch_probe.py)
+#endif
+#ifndef KOG_ICACHE_LAYER_KB  // ... run once a layer by the blocks without attention work, while the attention runs
+#define KOG_ICACHE_LAYER_KB 0
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
