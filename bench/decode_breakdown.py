@@ -47,7 +47,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   before its inputs are loaded); inside the layer's two norms, when each warp passed their steps (its words
   in, the block's, the sum of squares, staged); and the weight stream's demand while that layer runs (the
   bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed;
-  in layer 0 'choose ready' stands for 'qkv ready').
+  in layer 0 'choose ready' stands for 'qkv ready'; `--trace no-ring-stamps` leaves the refills unstamped,
+  to see what their stamps cost the products' steps).
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--trace-layer N] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -140,6 +141,7 @@ VARIANTS = {
     **{f"grid-{n}": {"KOG_NBLK": str(n)} for n in (33, 44, 66, 88, 100, 114, 120)},  # blocks (fewer than SMs)
     **{f"icache-{n}": {"KOG_ICACHE_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # n KB more machine code a token
     **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)
+    "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -373,6 +375,9 @@ def ring_demand(be, t, layer: int) -> None:
     n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
+    if not stamps.any():
+        print("  refills not stamped (KOG_TRACE_RING=0)")
+        return
     first = layer_event(layer, "qkv ready")
     t0, t1 = t[first].max(), t[layer_event(layer, "down done")].min()  # every block records between these
     if t1 <= t0:

@@ -61,6 +61,9 @@ __device__ __forceinline__ void trace_norm(const Ctx& c, int which, int k) {
 #endif
 }
 #ifdef KOG_TRACE
+#ifndef KOG_TRACE_RING  // 0: the refills go unstamped (what those stamps cost the traced products' refills)
+#define KOG_TRACE_RING 1
+#endif
 // refills each warp issues while the traced step runs the traced layer: when, and the warp's
 // 16-byte pieces | the matrix << 8 | 1 << 11 for the next layer's (bench/decode_breakdown.py:
 // the weight stream's demand, and when each matrix's refills went out)
@@ -70,7 +73,7 @@ __device__ unsigned short kog_trace_ring_n[NBLK * NW * TRACE_RING];
 #endif
 __device__ __forceinline__ void trace_ring(Ctx& c, int pieces, int mat, int layer) {
 #ifdef KOG_TRACE
-    if (c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER && c.st.traced < TRACE_RING) {  // warp-uniform
+    if (KOG_TRACE_RING && c.step == KOG_TRACE && c.layer == KOG_TRACE_LAYER && c.st.traced < TRACE_RING) {  // warp-uniform
         if (c.lane == 0) {
             const int k = (c.b * NW + c.warp) * TRACE_RING + c.st.traced;
             kog_trace_ring[k] = kog_clock_ns();
