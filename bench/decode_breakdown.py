@@ -48,7 +48,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   in, the block's, the sum of squares, staged); and the weight stream's demand while that layer runs (the
   bytes of the refills all warps issued, per 0.5 us, beside when each phase's last block passed;
   in layer 0 'choose ready' stands for 'qkv ready'; `--trace no-ring-stamps` leaves the refills unstamped,
-  to see what their stamps cost the products' steps).
+  to see what their stamps cost the products' steps); untraced, the variant `release-clock` (KOG_RELEASE_CLOCK)
+  prints the mean cycles a warp spends releasing held refills at each product's start.
 
     python bench/decode_breakdown.py [--models smollm2-135m,llama-3.2-1b] [--variants full,no-L2-hint] [--context 32]
         [--trace full|none|VERSION] [--trace-layer N] [--version v8=.bench/v8/kernels --variants full,v8]
@@ -142,6 +143,7 @@ VARIANTS = {
     **{f"icache-{n}": {"KOG_ICACHE_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # n KB more machine code a token
     **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
+    "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -185,6 +187,20 @@ def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
         rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
         tails.append(np.percentile(gaps, 99) / np.percentile(gaps, 50))
     return float(np.median(rates[1:])), float(np.median(tails[1:]))
+
+
+def release_clock(be, reset: bool = False) -> str:
+    """KOG_RELEASE_CLOCK builds: per product, the mean cycles a warp spent in the held refills' release at its
+    start and the refills a release issued, over the launches since the last reset."""
+    import cupy as cp
+
+    clk = cp.ndarray((12,), cp.uint64, be.mod.get_global("kog_release_clk"))
+    if reset:
+        clk.fill(0)
+        return ""
+    v = clk.get().astype(np.float64).reshape(4, 3)  # (cycles, releases, refills) per product
+    return "; ".join(f"{name} {c / max(n, 1):.0f} cycles a release ({h / max(n, 1):.2f} refills)"
+                     for name, (c, n, h) in zip(MV_NAMES, v))
 
 
 def trace(be, prompt, layers: int, traced: int) -> None:
@@ -488,8 +504,12 @@ def main() -> None:
             be.close()
         for label in labels:
             be = build(lm, label, versions, args.context)
+            clocked = "release-clock" in label.split("+")
+            if clocked:
+                release_clock(be, reset=True)
             r, tail = decode_rates(be, prompt)
-            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50)")
+            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50)"
+                        + (f"; release at the products' start: {release_clock(be)}" if clocked else ""))
             be.close()
             print(f"  {name}: {line[-1]}", flush=True)
         print(f"{name}: " + "; ".join(line), flush=True)

@@ -384,6 +384,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
+    release_clock_start(c);
     __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen
@@ -433,6 +434,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         P->status[ST_REASON] = reason;
         if (!ok) atomicCAS(P->status + ST_ERROR, 0, 2);
     }
+    release_clock_flush(c);
     kog_cp_async_wait_all();  // the ring's last prefetches land before the block exits
 }
 

@@ -115,6 +115,45 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
     for (; HOLD && c.st.held; --c.st.held) ring_issue(c);
 }
 
+// KOG_RELEASE_CLOCK (timing experiments, bench/decode_breakdown.py `release-clock`): per product QKV .. down,
+// the cycles warps spend in its start's ring_release, the releases and the refills they issue, summed
+// over the launch (a block's in shared memory, then into kog_release_clk) -- untraced, unlike the
+// trace's "held refills issued" stamp.
+#ifdef KOG_RELEASE_CLOCK
+__device__ kog_u64 kog_release_clk[12];
+__shared__ kog_u64 kog_release_sm[12];
+#endif
+__device__ __forceinline__ void release_clock_start(const Ctx& c) {
+#ifdef KOG_RELEASE_CLOCK
+    if (c.tid < 12) kog_release_sm[c.tid] = 0;
+#else
+    (void)c;
+#endif
+}
+template <int MAT>
+__device__ __forceinline__ void ring_release_timed(Ctx& c) {
+#ifdef KOG_RELEASE_CLOCK
+    const long long t0 = clock64();
+    const unsigned held = c.st.held;
+    ring_release(c);
+    if (MAT < 4 && c.lane == 0) {
+        atomicAdd(kog_release_sm + 3 * MAT, (kog_u64)(clock64() - t0));
+        atomicAdd(kog_release_sm + 3 * MAT + 1, 1ull);
+        atomicAdd(kog_release_sm + 3 * MAT + 2, (kog_u64)held);
+    }
+#else
+    ring_release(c);
+#endif
+}
+__device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all threads, at the launch's end
+#ifdef KOG_RELEASE_CLOCK
+    __syncthreads();
+    if (c.tid < 12) atomicAdd(kog_release_clk + c.tid, kog_release_sm[c.tid]);
+#else
+    (void)c;
+#endif
+}
+
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
 // takes granules warp, warp + NW, ... from the ring, refilling it as it goes. Where NW is a
 // multiple of the segments per row, every granule of a warp covers the same K-segment, so each
@@ -132,7 +171,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    ring_release(c);  // the input is staged: refill now
+    ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
     float4 xa[UF], xb[UF];
