@@ -14,7 +14,12 @@ a warp (the ring's pattern; ~50 KB a block in flight).
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.sync_probe import SOURCE as SYNC_SOURCE
 
@@ -47,10 +52,7 @@ __device__ void fetch_under_load(const uint4* big, long long nvec, int load, u64
         for (; !done; ++g) {
             uint4* const s = mine + (g % 3) * 96;
             #pragma unroll
-            for (int i = 0; i < 3; ++i) {
-                const unsigned d = (unsigned)__cvta_generic_to_shared(s + i * 32 + lane);
-                asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(big + v + i * 32 + lane) : "memory");
-            }
+            for (int i = 0; i < 3; ++i) cp16(s + i * 32 + lane, big + v + i * 32 + lane);
             asm volatile("cp.async.commit_group;" ::: "memory");
             asm volatile("cp.async.wait_group 2;" ::: "memory");
             v += step;

@@ -18,15 +18,20 @@ blocks whose answers take a line each or share lines eight a line.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.sync_probe import PREAMBLE
 
 FLAVOURS = ("st.relaxed.gpu / ld.relaxed.gpu (the kernel's)", "st.volatile / ld.volatile", "st.wt / ld.relaxed.gpu",
             "atom.exch / ld.relaxed.gpu", "red.add / ld.relaxed.gpu",
             "st.relaxed.gpu / atom.or 0", "st.release.gpu / ld.acquire.gpu", "st.relaxed.sys / ld.relaxed.sys")
 
-SOURCE = r"""
-typedef unsigned long long u64;
-__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+SOURCE = PREAMBLE + r"""
 __device__ __forceinline__ unsigned smid() { unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }
 
 template <int F>

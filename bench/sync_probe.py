@@ -31,9 +31,17 @@ from __future__ import annotations
 
 import numpy as np
 
-SOURCE = r"""
+# What every probe's source starts with (bench/*_probe.py): the global timer, and a 16-byte cp.async into shared memory.
+PREAMBLE = r"""
 typedef unsigned long long u64;
 __device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+__device__ __forceinline__ void cp16(void* dst, const void* src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
+}
+"""
+
+SOURCE = PREAMBLE + r"""
 __device__ __forceinline__ uint4 ld_stream(const uint4* p) {
     uint4 v; asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
                           : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p)); return v; }
@@ -63,10 +71,7 @@ extern "C" __global__ void probe_barrier(const uint4* __restrict__ big, u64* out
         for (int i = 0; i < 4; ++i) acc += v[i].x ^ v[i].w;
         __syncthreads();
         #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            unsigned d = (unsigned)__cvta_generic_to_shared(buf + t * 4 + i);
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(big + off + 16 * 512 + i * 512) : "memory");
-        }
+        for (int i = 0; i < 4; ++i) cp16(buf + t * 4 + i, big + off + 16 * 512 + i * 512);
         asm volatile("cp.async.commit_group;" ::: "memory");
         u64 t4 = now();
         __syncthreads();

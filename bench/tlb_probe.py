@@ -18,13 +18,16 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 
-from bench.sync_probe import random_cycle
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-SOURCE = r"""
-typedef unsigned long long u64;
-__device__ __forceinline__ u64 now() { u64 t; asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); return t; }
+from bench.sync_probe import PREAMBLE, random_cycle
+
+SOURCE = PREAMBLE + r"""
 __device__ __forceinline__ long long ld_cg(const long long* p) {
     long long v; asm volatile("ld.global.cg.s64 %0, [%1];" : "=l"(v) : "l"(p) : "memory"); return v; }
 
@@ -56,10 +59,6 @@ extern "C" __global__ void chase(const long long* base, int n, u64* out) {
 // The ring's stream. Warp w of block b, granule j (region j): 32 lanes x 3 16-byte vectors from
 // region_at(j) + b * block_stride + w * 1536 bytes. out[2 b]: the block's sweep in ns; out[2 b + 1]: the
 // longest issue of one granule by any of its warps (ns); issue[b * 12 + w]: the warp's summed issue time.
-__device__ __forceinline__ void cp16(void* dst, const void* src) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(src) : "memory");
-}
 extern "C" __global__ void __launch_bounds__(384) stream(const char* w, int nreg, long long region_stride,
                                                         long long block_stride, int sweeps, u64* out, u64* issue) {
     extern __shared__ uint4 ring[];  // 12 warps x 3 slots x 96 vectors
