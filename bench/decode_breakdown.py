@@ -508,7 +508,9 @@ def main() -> None:
             if clocked:
                 release_clock(be, reset=True)
             r, tail = decode_rates(be, prompt)
-            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50)"
+            k = be.k_decode  # the device's own build (its NVRTC may allocate registers unlike a local nvcc)
+            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50; "
+                        f"{k.num_regs} registers, {k.local_size_bytes} B local a thread)"
                         + (f"; release at the products' start: {release_clock(be)}" if clocked else ""))
             be.close()
             print(f"  {name}: {line[-1]}", flush=True)

@@ -117,15 +117,16 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 
 // KOG_RELEASE_CLOCK (timing experiments, bench/decode_breakdown.py `release-clock`): per product QKV .. down,
 // the cycles warps spend in its start's ring_release, the releases and the refills they issue, summed
-// over the launch (a block's in shared memory, then into kog_release_clk) -- untraced, unlike the
-// trace's "held refills issued" stamp.
+// over the launch -- untraced, unlike the trace's "held refills issued" stamp. Each warp keeps its own
+// 32-bit sums in shared memory with plain adds (64-bit shared atomics are compare-and-swap loops that
+// cost the build ~20%: PERF.md session 44), added into kog_release_clk once a launch.
 #ifdef KOG_RELEASE_CLOCK
 __device__ kog_u64 kog_release_clk[12];
-__shared__ kog_u64 kog_release_sm[12];
+__shared__ unsigned kog_release_sm[NW * 12];
 #endif
 __device__ __forceinline__ void release_clock_start(const Ctx& c) {
 #ifdef KOG_RELEASE_CLOCK
-    if (c.tid < 12) kog_release_sm[c.tid] = 0;
+    for (int i = c.tid; i < NW * 12; i += NTHR) kog_release_sm[i] = 0u;
 #else
     (void)c;
 #endif
@@ -133,13 +134,12 @@ __device__ __forceinline__ void release_clock_start(const Ctx& c) {
 template <int MAT>
 __device__ __forceinline__ void ring_release_timed(Ctx& c) {
 #ifdef KOG_RELEASE_CLOCK
-    const long long t0 = clock64();
+    const unsigned t0 = (unsigned)clock();
     const unsigned held = c.st.held;
     ring_release(c);
     if (MAT < 4 && c.lane == 0) {
-        atomicAdd(kog_release_sm + 3 * MAT, (kog_u64)(clock64() - t0));
-        atomicAdd(kog_release_sm + 3 * MAT + 1, 1ull);
-        atomicAdd(kog_release_sm + 3 * MAT + 2, (kog_u64)held);
+        unsigned* s = kog_release_sm + c.warp * 12 + 3 * MAT;
+        s[0] += (unsigned)clock() - t0, s[1] += 1u, s[2] += held;
     }
 #else
     ring_release(c);
@@ -148,7 +148,11 @@ __device__ __forceinline__ void ring_release_timed(Ctx& c) {
 __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all threads, at the launch's end
 #ifdef KOG_RELEASE_CLOCK
     __syncthreads();
-    if (c.tid < 12) atomicAdd(kog_release_clk + c.tid, kog_release_sm[c.tid]);
+    if (c.tid < 12) {
+        kog_u64 sum = 0;
+        for (int w = 0; w < NW; ++w) sum += kog_release_sm[w * 12 + c.tid];
+        atomicAdd(kog_release_clk + c.tid, sum);
+    }
 #else
     (void)c;
 #endif
