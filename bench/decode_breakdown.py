@@ -194,11 +194,11 @@ def release_clock(be, reset: bool = False) -> str:
     start and the refills a release issued, over the launches since the last reset."""
     import cupy as cp
 
-    clk = cp.ndarray((12,), cp.uint64, be.mod.get_global("kog_release_clk"))
+    clk = cp.ndarray((3 * len(MV_NAMES),), cp.uint64, be.mod.get_global("kog_release_clk"))  # RCLK_WORDS
     if reset:
         clk.fill(0)
         return ""
-    v = clk.get().astype(np.float64).reshape(4, 3)  # (cycles, releases, refills) per product
+    v = clk.get().astype(np.float64).reshape(-1, 3)  # (cycles, releases, refills) per product
     return "; ".join(f"{name} {c / max(n, 1):.0f} cycles a release ({h / max(n, 1):.2f} refills)"
                      for name, (c, n, h) in zip(MV_NAMES, v))
 

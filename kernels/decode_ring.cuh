@@ -121,12 +121,13 @@ __device__ __forceinline__ void ring_release(Ctx& c) {
 // 32-bit sums in shared memory with plain adds (64-bit shared atomics are compare-and-swap loops that
 // cost the build ~20%: PERF.md session 44), added into kog_release_clk once a launch.
 #ifdef KOG_RELEASE_CLOCK
-__device__ kog_u64 kog_release_clk[12];
-__shared__ unsigned kog_release_sm[NW * 12];
+constexpr int RCLK_WORDS = 3 * MAT_LM;  // (cycles, releases, refills) of each product QKV .. down
+__device__ kog_u64 kog_release_clk[RCLK_WORDS];
+__shared__ unsigned kog_release_sm[NW * RCLK_WORDS];
 #endif
 __device__ __forceinline__ void release_clock_start(const Ctx& c) {
 #ifdef KOG_RELEASE_CLOCK
-    for (int i = c.tid; i < NW * 12; i += NTHR) kog_release_sm[i] = 0u;
+    for (int i = c.tid; i < NW * RCLK_WORDS; i += NTHR) kog_release_sm[i] = 0u;
 #else
     (void)c;
 #endif
@@ -137,8 +138,8 @@ __device__ __forceinline__ void ring_release_timed(Ctx& c) {
     const unsigned t0 = (unsigned)clock();
     const unsigned held = c.st.held;
     ring_release(c);
-    if (MAT < 4 && c.lane == 0) {
-        unsigned* s = kog_release_sm + c.warp * 12 + 3 * MAT;
+    if (MAT < MAT_LM && c.lane == 0) {
+        unsigned* s = kog_release_sm + c.warp * RCLK_WORDS + 3 * MAT;
         s[0] += (unsigned)clock() - t0, s[1] += 1u, s[2] += held;
     }
 #else
@@ -148,9 +149,9 @@ __device__ __forceinline__ void ring_release_timed(Ctx& c) {
 __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all threads, at the launch's end
 #ifdef KOG_RELEASE_CLOCK
     __syncthreads();
-    if (c.tid < 12) {
+    if (c.tid < RCLK_WORDS) {
         kog_u64 sum = 0;
-        for (int w = 0; w < NW; ++w) sum += kog_release_sm[w * 12 + c.tid];
+        for (int w = 0; w < NW; ++w) sum += kog_release_sm[w * RCLK_WORDS + c.tid];
         atomicAdd(kog_release_clk + c.tid, sum);
     }
 #else
