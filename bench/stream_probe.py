@@ -139,12 +139,17 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
 }
 
 // The same phase through the decode kernel's ring (decode_ring.cuh mv_run): warps 0..11 take
-// granules warp, warp + 12, ... (2 KB each: 4 16-byte vectors a lane), RING slots per warp; a
-// granule's math is the kernel's; the slot is refilled after the math (refill 0, as the kernel)
-// or as soon as its weights are in registers (refill 1); math 0 skips the math. A 13th warp, where
-// launched, chases pointers meanwhile (chase_while).
-constexpr int NWC = 12, SLOT = 128;  // consumer warps; 16-byte vectors per granule
-template <int RING>
+// granules warp, warp + 12, ... (V 16-byte vectors a lane: 2 KB of bf16 weights where V = 4),
+// RING slots per warp; a granule's math is Math::run (the kernel's: Bf16Math); the slot is
+// refilled after the math (refill 0, as the kernel) or as soon as its weights are in registers
+// (refill 1); math 0 skips the math. A 13th warp, where launched, chases pointers meanwhile
+// (chase_while).
+constexpr int NWC = 12, SLOT = 128;  // consumer warps; 16-byte vectors per bf16 granule
+struct Bf16Math {
+    static constexpr int V = 4;
+    __device__ static float run(const uint4 (&wv)[V], const GranuleInputs& x) { return granule_math(wv, x); }
+};
+template <int RING, class Math>
 __device__ void ring_phase(const uint4* src, long long per_block, int math, int early, long long region, int reps,
                            unsigned* counter, u64* out, const unsigned* chase, u64* lat) {
     extern __shared__ __align__(16) uint4 ring_smem[];
@@ -154,17 +159,18 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
     if (threadIdx.x == 0) done = 0;
     __syncthreads();
     if (warp >= NWC) return chase_while(&done, chase, lat);
-    uint4* ring = ring_smem + warp * RING * SLOT;
-    const int ngran = (int)(per_block / SLOT);
+    constexpr int V = Math::V, GRAN = 32 * V;  // 16-byte vectors per granule
+    uint4* ring = ring_smem + warp * RING * GRAN;
+    const int ngran = (int)(per_block / GRAN);
     const u64 policy = evict_first();
     const GranuleInputs x(lane);
     each_phase(src, per_block, region, reps, counter, out, workers, [&](int, const uint4* base) {
         int issued = warp, head = 0, tail = 0;
         auto refill = [&]() {
             if (issued < ngran) {
-                uint4* slot = ring + (head % RING) * SLOT;
+                uint4* slot = ring + (head % RING) * GRAN;
 #pragma unroll
-                for (int i = 0; i < 4; ++i) copy16(slot + i * 32 + lane, base + (long long)issued * SLOT + i * 32 + lane, policy);
+                for (int i = 0; i < V; ++i) copy16(slot + i * 32 + lane, base + (long long)issued * GRAN + i * 32 + lane, policy);
                 issued += NWC;
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
@@ -173,14 +179,14 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
         for (int i = 0; i < RING; ++i) refill();
         for (int g = warp; g < ngran; g += NWC) {
             asm volatile("cp.async.wait_group %0;" :: "n"(RING - 1) : "memory");
-            const uint4* slot = ring + (tail % RING) * SLOT;
-            uint4 wv[4];
+            const uint4* slot = ring + (tail % RING) * GRAN;
+            uint4 wv[V];
 #pragma unroll
-            for (int i = 0; i < 4; ++i) wv[i] = slot[i * 32 + lane];
+            for (int i = 0; i < V; ++i) wv[i] = slot[i * 32 + lane];
             ++tail;
             if (early) refill();
-            float acc = __uint_as_float(wv[0].x ^ wv[3].w);
-            if (math) acc = granule_math(wv, x);  // a branch: `math ? ... : ...` computed it always
+            float acc = __uint_as_float(wv[0].x ^ wv[V - 1].w);
+            if (math) acc = Math::run(wv, x);  // a branch: `math ? ... : ...` computed it always
             if (lane == 0) red[g & 4095] = acc;
             if (!early) refill();
         }
@@ -189,7 +195,7 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
 }
 extern "C" __global__ void ring_phase4(const uint4* src, long long per_block, int math, int early, long long region,
                                        int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) {
-    ring_phase<4>(src, per_block, math, early, region, reps, counter, out, chase, lat);
+    ring_phase<4, Bf16Math>(src, per_block, math, early, region, reps, counter, out, chase, lat);
 }
 
 // The same phase fed by a producer warp against a budget of bytes in flight (PERF.md Next 1):
@@ -350,6 +356,18 @@ def l2_ring(cp):
     return cp.asarray(ring)
 
 
+def phase_times(out: np.ndarray, reps: int, nsm: int) -> tuple[float, float, float, float]:
+    """Medians over the phases after the first four (warm-up), in us, from each_phase's records:
+    the phase (last block done - last block started), a median block's work, the slowest block's
+    work, the spread of the blocks' starts."""
+    t = out.astype(np.int64).reshape(reps, nsm, 2)[4:]
+    work = (t[:, :, 1] - t[:, :, 0]) / 1e3
+    phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
+    starts = (t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3
+    return (float(np.median(phase)), float(np.median(work)), float(np.median(work.max(axis=1))),
+            float(np.median(starts)))
+
+
 def main() -> None:
     import cupy as cp
 
@@ -401,12 +419,9 @@ def main() -> None:
         kernel((nsm,), (threads,), (big, np.int64(per), *args, np.int64(region), np.int32(reps), counter, out, *tail),
                shared_mem=smem)
         cp.cuda.Device().synchronize()
-        t = out.get().astype(np.int64).reshape(reps, nsm, 2)[4:]
-        work = (t[:, :, 1] - t[:, :, 0]) / 1e3
-        phase = (t[:, :, 1].max(axis=1) - t[:, :, 0].max(axis=1)) / 1e3
-        starts = (t[:, :, 0].max(axis=1) - t[:, :, 0].min(axis=1)) / 1e3
-        return (f"phase {np.median(phase):6.2f} us (ideal {nsm * per * 16 / best / 1e3:5.2f}), median block "
-                f"{np.median(work):6.2f}, slowest {np.median(work.max(axis=1)):6.2f}, spread of starts {np.median(starts):4.2f}"
+        phase, work, slowest, starts = phase_times(out.get(), reps, nsm)
+        return (f"phase {phase:6.2f} us (ideal {nsm * per * 16 / best / 1e3:5.2f}), median block "
+                f"{work:6.2f}, slowest {slowest:6.2f}, spread of starts {starts:4.2f}"
                 + (f"; L2 round trip meanwhile {np.median(lat.get()):5.0f} ns" if chased else ""))
 
     for name, share in shapes:
