@@ -7,7 +7,8 @@
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
 #endif             // tokens: what streaming and the math cost when no block waits for another), 5 the
                    // attention units' merge publishes at once (garbage: what waiting for the records costs),
-                   // 6 the attention takes q/k/v without waiting for them, 7 the LM head's screen reads no bf16 rows
+                   // 6 the attention takes q/k/v without waiting for them, 7 the LM head's screen reads no bf16 rows,
+                   // 8 the layers' weights stream three quarters of their bytes (garbage: what 12-bit weights would save)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif

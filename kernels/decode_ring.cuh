@@ -30,6 +30,13 @@ __device__ __forceinline__ void stream_settle(Ctx& c) {
     while (c.st.g >= c.st.src.ngran) next_matrix(c.st, c.P->w, c.b, c.warp);
 }
 
+// KOG_EXP 8 (timing only): a layer matrix's granule copies only its first three quarters of vectors
+// (i * 32 + lane < 24 u: vectors 0 .. 3u/4 - 1 whole, then the first lanes' of the next), as many bytes
+// as 12-bit weights would fill it with (bench/coded_probe.py), in whole 32-byte sectors.
+__device__ __forceinline__ bool copies_three_quarters(const Stream& s, int i, int lane) {
+    return s.mat == MAT_LM || i * KOG_WAVE + lane < 24 * s.src.u;
+}
+
 // Issue the warp's next granule of the stream into `slot` (one commit group per granule).
 // pad: a partial granule's unused columns get zeros (the stash's slots hold stale floats there,
 // the ring's only weights: ring_start).
@@ -42,7 +49,7 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
 #pragma unroll
     for (int i = 0; i < SLOT / KOG_WAVE; ++i)
-        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv) {
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && (KOG_EXP != 8 || copies_three_quarters(s, i, c.lane))) {
             if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         } else if (pad) {
