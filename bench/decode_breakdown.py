@@ -6,8 +6,9 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   without the L2 evict-first hint, 4 drops every wait between blocks (garbage tokens: the
   streaming and the math alone), 5 lets the attention units' merge publish at once, 6 lets the
   attention take q/k/v without waiting for them, 7 lets the LM head's int8 screen pick by its bounds
-  (no bf16 row read), 8 streams three quarters of the layers' weight bytes (garbage tokens: what
-  lossless 12-bit weights would save, their decode math aside); KOG_RING=n keeps n granules in flight per warp;
+  (no bf16 row read), 8 streams three quarters of the layers' weight bytes and decodes every vector
+  as 12-bit weights would be (garbage tokens: what lossless 12-bit weights would save, their escapes
+  aside); KOG_RING=n keeps n granules in flight per warp;
   KOG_POLL_NS=n makes a poll of other blocks' words sleep n ns before looking again (the
   polls read L2 beside the weight stream); KOG_U=n forces n 16-byte vectors per lane per granule;
   KOG_LANE_SUMS=n keeps per-lane sums in shared memory in products of at most n granules per warp
@@ -77,7 +78,7 @@ VARIANTS = {
     "no-waits": {"KOG_EXP": "4"},
     "no-merge-wait": {"KOG_EXP": "5"},
     "no-qkv-wait": {"KOG_EXP": "6"},  # the attention takes q/k/v as they stand (garbage: what their hop costs it)
-    "bytes-75": {"KOG_EXP": "8"},  # the layers' granules three quarters copied (garbage: bench/coded_probe.py's bytes)
+    "bytes-75": {"KOG_EXP": "8"},  # the layers' granules three quarters copied and decoded (garbage: bench/coded_probe.py)
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

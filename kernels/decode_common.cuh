@@ -8,7 +8,8 @@
 #endif             // tokens: what streaming and the math cost when no block waits for another), 5 the
                    // attention units' merge publishes at once (garbage: what waiting for the records costs),
                    // 6 the attention takes q/k/v without waiting for them, 7 the LM head's screen reads no bf16 rows,
-                   // 8 the layers' weights stream three quarters of their bytes (garbage: what 12-bit weights would save)
+                   // 8 the layers' weights stream three quarters of their bytes and are decoded as 12-bit weights
+                   // (garbage tokens: what lossless 12-bit weights would cost and save)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif

@@ -33,8 +33,17 @@ __device__ __forceinline__ void stream_settle(Ctx& c) {
 // KOG_EXP 8 (timing only): a layer matrix's granule copies only its first three quarters of vectors
 // (i * 32 + lane < 24 u: vectors 0 .. 3u/4 - 1 whole, then the first lanes' of the next), as many bytes
 // as 12-bit weights would fill it with (bench/coded_probe.py), in whole 32-byte sectors.
+// Its products also decode every 16-byte vector as 12-bit weights would be decoded (two words of low
+// bytes and one of codes into a bf16 vector: bench/coded_probe.py's decode8, `add` form), so that the
+// timing carries that math too.
 __device__ __forceinline__ bool copies_three_quarters(const Stream& s, int i, int lane) {
     return s.mat == MAT_LM || i * KOG_WAVE + lane < 24 * s.src.u;
+}
+__device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
+    const unsigned sa = v.z & 0x87878787u, ob = (v.z >> 4) & 0x07070707u, sb = (v.z << 4) & 0x80808080u;
+    const unsigned ha = sa + base4, hb = ob + sb + base4;
+    return make_uint4(__byte_perm(v.x, ha, 0x5140), __byte_perm(v.x, ha, 0x7362), __byte_perm(v.y, hb, 0x5140),
+                      __byte_perm(v.y, hb, 0x7362));
 }
 
 // Issue the warp's next granule of the stream into `slot` (one commit group per granule).
@@ -186,6 +195,9 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
+#if KOG_EXP == 8
+    const unsigned base4 = 0x34343434u + (unsigned)c.P->debug;  // a window's base in every byte, not a constant
+#endif
     float4 xa[UF], xb[UF];
     uint4 xh[UI], xl[UI];  // M::INT8: inputs 16 col .. 16 col + 15, their h and l bytes
     if (X_IN_REGS) {
@@ -241,6 +253,11 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                 if (c.lane == 0) red[g * M::ROWS8 + j] = (float)(256LL * a + b);
             }
         } else {
+#if KOG_EXP == 8
+            if (MAT != MAT_LM)
+#pragma unroll
+                for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
+#endif
             float d[M::U];
 #pragma unroll
             for (int i = 0; i < M::U; ++i) {
