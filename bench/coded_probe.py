@@ -61,6 +61,7 @@ __device__ __forceinline__ void decode_granule(const uint4 (&cv)[3], uint4 (&wv)
 __constant__ unsigned coded_base4;  // the `add` window's B in every byte: an operand, as a kernel parameter would be
 template <bool ADD>
 struct CodedMath {
+    using Inputs = GranuleInputs;
     static constexpr int V = 3;
     __device__ static float run(const uint4 (&cv)[V], const GranuleInputs& x) {
         uint4 wv[4];

@@ -140,12 +140,15 @@ extern "C" __global__ void phase_stream(const uint4* src, long long per_block, i
 
 // The same phase through the decode kernel's ring (decode_ring.cuh mv_run): warps 0..11 take
 // granules warp, warp + 12, ... (V 16-byte vectors a lane: 2 KB of bf16 weights where V = 4),
-// RING slots per warp; a granule's math is Math::run (the kernel's: Bf16Math); the slot is
-// refilled after the math (refill 0, as the kernel) or as soon as its weights are in registers
-// (refill 1); math 0 skips the math. A 13th warp, where launched, chases pointers meanwhile
-// (chase_while).
+// RING slots per warp; a granule's math is Math::run against the lane's Math::Inputs (the
+// kernel's: Bf16Math); the slot is refilled after the math (refill 0, as the kernel), as soon
+// as its weights are in registers (refill 1), or the next granule is taken into registers and its
+// slot refilled before this one's math (refill 2: pipelined); math 0 skips the math, math 2 skips the copies
+// (the math alone, on whatever the slots hold). A 13th warp, where launched, chases pointers
+// meanwhile (chase_while).
 constexpr int NWC = 12, SLOT = 128;  // consumer warps; 16-byte vectors per bf16 granule
 struct Bf16Math {
+    using Inputs = GranuleInputs;
     static constexpr int V = 4;
     __device__ static float run(const uint4 (&wv)[V], const GranuleInputs& x) { return granule_math(wv, x); }
 };
@@ -163,27 +166,46 @@ __device__ void ring_phase(const uint4* src, long long per_block, int math, int 
     uint4* ring = ring_smem + warp * RING * GRAN;
     const int ngran = (int)(per_block / GRAN);
     const u64 policy = evict_first();
-    const GranuleInputs x(lane);
+    const typename Math::Inputs x(lane);
     each_phase(src, per_block, region, reps, counter, out, workers, [&](int, const uint4* base) {
         int issued = warp, head = 0, tail = 0;
         auto refill = [&]() {
             if (issued < ngran) {
                 uint4* slot = ring + (head % RING) * GRAN;
 #pragma unroll
-                for (int i = 0; i < V; ++i) copy16(slot + i * 32 + lane, base + (long long)issued * GRAN + i * 32 + lane, policy);
+                for (int i = 0; i < V && math != 2; ++i)
+                    copy16(slot + i * 32 + lane, base + (long long)issued * GRAN + i * 32 + lane, policy);
                 issued += NWC;
             }
             asm volatile("cp.async.commit_group;" ::: "memory");
             ++head;
         };
-        for (int i = 0; i < RING; ++i) refill();
-        for (int g = warp; g < ngran; g += NWC) {
+        auto take = [&](uint4 (&wv)[V]) {  // the oldest granule, once landed, into registers
             asm volatile("cp.async.wait_group %0;" :: "n"(RING - 1) : "memory");
             const uint4* slot = ring + (tail % RING) * GRAN;
-            uint4 wv[V];
 #pragma unroll
             for (int i = 0; i < V; ++i) wv[i] = slot[i * 32 + lane];
             ++tail;
+        };
+        for (int i = 0; i < RING; ++i) refill();
+        if (early == 2) {  // pipelined: the next granule taken (and its slot refilled) before this one's math
+            uint4 cur[V], nxt[V];
+            take(cur);
+            refill();
+            for (int g = warp; g < ngran; g += NWC) {
+                const bool more = g + NWC < ngran;
+                if (more) take(nxt), refill();
+                float acc = __uint_as_float(cur[0].x ^ cur[V - 1].w);
+                if (math) acc = Math::run(cur, x);
+                if (lane == 0) red[g & 4095] = acc;
+#pragma unroll
+                for (int i = 0; i < V; ++i) cur[i] = nxt[i];
+            }
+            return;
+        }
+        for (int g = warp; g < ngran; g += NWC) {
+            uint4 wv[V];
+            take(wv);
             if (early) refill();
             float acc = __uint_as_float(wv[0].x ^ wv[V - 1].w);
             if (math) acc = Math::run(wv, x);  // a branch: `math ? ... : ...` computed it always
