@@ -33,7 +33,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.stream_probe import SOURCE as STREAM_SOURCE  # noqa: E402
-from bench.stream_probe import phase_times  # noqa: E402
+from bench.stream_probe import SHARES, RingPhases  # noqa: E402
 
 OR_BASE = 56  # the fixed window's lowest e7..e1: |w| in [2^-15, 2)
 
@@ -160,29 +160,11 @@ def check(cp, mod) -> None:
 
 
 def time_phases(cp, mod) -> None:
-    nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    thr, smem = 384, 200 * 1024
-    big = cp.zeros(4 << 30, dtype=cp.uint8)
-    counter = cp.zeros(1, dtype=cp.uint32)
-    chase, lat = cp.zeros(1, dtype=cp.uint32), cp.zeros(nsm, dtype=cp.uint64)  # no chasing warp is launched
-
-    def phase(name: str, vectors: int, math: int) -> float:
-        kernel = mod.get_function(name)
-        kernel.max_dynamic_shared_size_bytes = smem
-        region = (nsm * vectors + 4095) // 4096 * 4096
-        reps = min(64, (4 << 30) // 16 // region)
-        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
-        counter.fill(0)
-        kernel((nsm,), (thr,), (big, np.int64(vectors), np.int32(math), np.int32(0), np.int64(region), np.int32(reps),
-                                counter, out, chase, lat), shared_mem=smem)
-        cp.cuda.Device().synchronize()
-        return phase_times(out.get(), reps, nsm)[0]
-
+    phase = RingPhases(cp, mod)
     set_base(cp, mod, OR_BASE)
-    shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
-    for name, share in shapes:
+    for name, share in SHARES:
         granules = share // 2048
-        weights = nsm * granules * 1024
+        weights = phase.nsm * granules * 1024
         for math in (1, 0):
             base = None
             for label, kernel, vectors in (("bf16, 4 slots (96 KB)", "ring_phase4", granules * 128),

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.coded_probe import OR_BASE, encode, set_base, to_bf16_bits  # noqa: E402
 from bench.coded_probe import SOURCE as CODED_SOURCE  # noqa: E402
-from bench.stream_probe import phase_times  # noqa: E402
+from bench.stream_probe import SHARES, RingPhases  # noqa: E402
 
 SOURCE = CODED_SOURCE + r"""
 // x[k] of the probe's input, k = 0 .. 127 of a granule's columns: exact in fp32, not in bf16
@@ -156,27 +156,9 @@ def check(cp, mod) -> None:
 
 
 def time_phases(cp, mod) -> None:
-    nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
-    thr, smem = 384, 200 * 1024
-    big = cp.zeros(4 << 30, dtype=cp.uint8)
-    counter = cp.zeros(1, dtype=cp.uint32)
-    chase, lat = cp.zeros(1, dtype=cp.uint32), cp.zeros(nsm, dtype=cp.uint64)  # no chasing warp is launched
+    phase = RingPhases(cp, mod)
     set_base(cp, mod, OR_BASE)
-
-    def phase(name: str, vectors: int, math: int, early: int) -> float:
-        kernel = mod.get_function(name)
-        kernel.max_dynamic_shared_size_bytes = smem
-        region = (nsm * vectors + 4095) // 4096 * 4096
-        reps = min(64, (4 << 30) // 16 // region)
-        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
-        counter.fill(0)
-        kernel((nsm,), (thr,), (big, np.int64(vectors), np.int32(math), np.int32(early), np.int64(region), np.int32(reps),
-                                counter, out, chase, lat), shared_mem=smem)
-        cp.cuda.Device().synchronize()
-        return phase_times(out.get(), reps, nsm)[0]
-
-    shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
-    for name, share in shapes:
+    for name, share in SHARES:
         granules = share // 2048
         for math, how in ((1, "weights streamed"), (2, "no copies (math alone)")):
             line = []

@@ -390,6 +390,38 @@ def phase_times(out: np.ndarray, reps: int, nsm: int) -> tuple[float, float, flo
             float(np.median(starts)))
 
 
+# A block's share of a product's weights at four shapes (bytes of bf16, 132 blocks)
+SHARES = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
+
+
+class RingPhases:
+    """Times phases of a kernel with ring_phase4's signature (bench/coded_probe.py, bench/mma_probe.py): one
+    block of 384 threads a multiprocessor streams `vectors` 16-byte vectors each, up to 64 phases on fresh
+    memory of a 4 GB buffer, no chasing warp; the call returns the median phase in us (phase_times)."""
+
+    THREADS, SMEM = 384, 200 * 1024
+
+    def __init__(self, cp, mod):
+        self.cp, self.mod = cp, mod
+        self.nsm = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+        self.big = cp.zeros(4 << 30, dtype=cp.uint8)
+        self.counter = cp.zeros(1, dtype=cp.uint32)
+        self.chase, self.lat = cp.zeros(1, dtype=cp.uint32), cp.zeros(self.nsm, dtype=cp.uint64)
+
+    def __call__(self, name: str, vectors: int, math: int, early: int = 0) -> float:
+        cp, nsm = self.cp, self.nsm
+        kernel = self.mod.get_function(name)
+        kernel.max_dynamic_shared_size_bytes = self.SMEM
+        region = (nsm * vectors + 4095) // 4096 * 4096
+        reps = min(64, (4 << 30) // 16 // region)
+        out = cp.zeros(2 * reps * nsm, dtype=cp.uint64)
+        self.counter.fill(0)
+        kernel((nsm,), (self.THREADS,), (self.big, np.int64(vectors), np.int32(math), np.int32(early), np.int64(region),
+                                         np.int32(reps), self.counter, out, self.chase, self.lat), shared_mem=self.SMEM)
+        cp.cuda.Device().synchronize()
+        return phase_times(out.get(), reps, nsm)[0]
+
+
 def main() -> None:
     import cupy as cp
 
@@ -424,7 +456,6 @@ def main() -> None:
 
     best = nsm * per * 16 / fastest(once) / 1e9
     print(f"{nsm} blocks streaming {nsm * per * 16 >> 20} MB once: {best:.0f} GB/s (the ceiling below)")
-    shapes = (("Llama gate/up", 507904), ("Qwen2.5 gate/up", 417792), ("Llama down", 253952), ("Llama QKV", 95232))
 
     chase = l2_ring(cp)
     lat = cp.zeros(nsm, dtype=cp.uint64)
@@ -446,7 +477,7 @@ def main() -> None:
                 f"{work:6.2f}, slowest {slowest:6.2f}, spread of starts {starts:4.2f}"
                 + (f"; L2 round trip meanwhile {np.median(lat.get()):5.0f} ns" if chased else ""))
 
-    for name, share in shapes:
+    for name, share in SHARES:
         per = share // 16 // thr * thr  # whole ring rounds
         for layout, log_chunk in (("runs", 0), ("interleaved 2 KB", 7), ("interleaved 8 KB", 9), ("runs", 0)):
             line = phases(fn, per, (np.int32(log_chunk), np.int32(log_chunk > 0)))
@@ -454,7 +485,7 @@ def main() -> None:
     # the same phases through the kernel's ring structure, alone and with a 13th warp chasing pointers
     kr = mod.get_function("ring_phase4")
     kr.max_dynamic_shared_size_bytes = smem
-    for name, share in shapes[:3]:
+    for name, share in SHARES[:3]:
         per = share // 16 // 128 * 128  # whole 2 KB granules
         for label, math, early in (("no math", 0, 0), ("math, refill after it", 1, 0), ("math, refill first", 1, 1)):
             for chased in (False, True):
@@ -462,7 +493,7 @@ def main() -> None:
                 print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
     # the same phases fed by a producer warp against a budget of granules in flight, a chasing warp beside
     err = cp.zeros(1, dtype=cp.uint32)
-    for name, share in shapes[:3]:
+    for name, share in SHARES[:3]:
         per = share // 16 // 128 * 128
         for groups, budget, suspend in ((0, 16, 0), (0, 16, 1), (0, 48, 1), (8, 8, 1), (16, 16, 1), (32, 32, 1), (8, 8, 2),
                                         (32, 32, 2)):
