@@ -254,9 +254,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
             }
         } else {
 #if KOG_EXP == 8
-            if (MAT != MAT_LM)
+            if (MAT != MAT_LM) {
 #pragma unroll
                 for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
+            }
 #endif
             float d[M::U];
 #pragma unroll
