@@ -15,9 +15,19 @@ It checks the tensor-core sums against float64 (and the kernel's FMA order again
 for scale), then times phases through bench/stream_probe.py's ring at four shapes' shares of a product:
 with the weight bytes, and with none (the math alone, `no copies`), for the kernel's FMAs, the tensor
 cores, and both on 12-bit weights, each in the kernel's loop (a granule's math, then its slot's refill)
-and pipelined (the next granule taken into registers and its slot refilled before this one's math).
+and pipelined (the next granule taken into registers and its slot refilled before this one's math); and
+the FMAs without their sum across lanes (five dependent shuffles a granule: what a cheaper sum could save).
 
     python bench/mma_probe.py
+
+`--profile KERNEL` instead launches one of its ring kernels twice at Qwen2.5 gate/up's share with no copies
+(the math alone), built with line info, for Nsight Compute to sample the second launch (CuPy names the
+source kern.cu: write SOURCE there first, so that ncu embeds it):
+
+    python3 -c "from bench.mma_probe import SOURCE; open('kern.cu', 'w').write(SOURCE)"
+    ncu --clock-control none --import-source yes --kernel-name regex:^ring_phase4$ --launch-skip 1 --launch-count 1 \\
+        --section WarpStateStats --section SourceCounters -o r python3 bench/mma_probe.py --profile ring_phase4
+    ncu --import r.ncu-rep --page source --csv --print-source cuda,sass > r.csv; python3 bench/ncu_source.py lines r.csv
 """
 
 from __future__ import annotations
@@ -97,10 +107,26 @@ struct CodedMmaMath {
         return MmaMath::run(wv, x);
     }
 };
+// The kernel's FMAs without the sum across lanes (bf16 and 12-bit): what a cheaper sum could save at most.
+struct UnsummedMath {
+    using Inputs = GranuleInputs;
+    static constexpr int V = 4;
+    __device__ static float run(const uint4 (&wv)[V], const Inputs& x) { return granule_math<false>(wv, x); }
+};
+struct CodedUnsummedMath {
+    using Inputs = GranuleInputs;
+    static constexpr int V = 3;
+    __device__ static float run(const uint4 (&cv)[V], const Inputs& x) {
+        uint4 wv[4];
+        decode_granule<true>(cv, wv, coded_base4);
+        return granule_math<false>(wv, x);
+    }
+};
 #define MMA_RING(NAME, MATH) extern "C" __global__ void NAME(const uint4* src, long long per_block, int math, \
     int early, long long region, int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) { \
     ring_phase<4, MATH>(src, per_block, math, early, region, reps, counter, out, chase, lat); }
 MMA_RING(mma_ring_phase4, MmaMath) MMA_RING(coded_mma_ring_phase4, CodedMmaMath)
+MMA_RING(unsummed_ring_phase4, UnsummedMath) MMA_RING(coded_unsummed_ring_phase4, CodedUnsummedMath)
 
 // One warp a granule g (8 rows x 128 columns in mma_granule's layout): rows[8 g + r], r = 0 .. 7.
 extern "C" __global__ void mma_check(const uint4* w, int ngran, float* rows) {
@@ -166,14 +192,29 @@ def time_phases(cp, mod) -> None:
                                            ("12-bit FMA", "coded_add_ring_phase4", granules * 96),
                                            ("12-bit mma", "coded_mma_ring_phase4", granules * 96)):
                 line.append(f"{label} {phase(kernel, vectors, math, 0):5.2f} / {phase(kernel, vectors, math, 2):5.2f}")
+            line.append(f"FMA unsummed {phase('unsummed_ring_phase4', granules * 128, math, 0):5.2f}")
+            line.append(f"12-bit FMA unsummed {phase('coded_unsummed_ring_phase4', granules * 96, math, 0):5.2f}")
             line.append(f"FMA again {phase('ring_phase4', granules * 128, math, 0):5.2f}")
             print(f"{name:16s} {granules * 2:4d} KB of bf16 a block, {how:22s}: phase us (the kernel's loop / pipelined), "
                   + ", ".join(line))
 
 
 def main() -> None:
+    import argparse
+
     import cupy as cp
 
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--profile", metavar="KERNEL", help="launch this ring kernel twice, math alone (under ncu)")
+    args = parser.parse_args()
+    if args.profile:
+        mod = cp.RawModule(code=SOURCE, options=("-std=c++17", "-lineinfo"))
+        phase = RingPhases(cp, mod)
+        set_base(cp, mod, OR_BASE)
+        vectors = SHARES[1][1] // 2048 * (96 if "coded" in args.profile else 128)
+        for _ in range(2):
+            print(f"{args.profile}, {SHARES[1][0]}'s share, math alone: phase {phase(args.profile, vectors, 2):.2f} us")
+        return
     mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
     check(cp, mod)
     time_phases(cp, mod)

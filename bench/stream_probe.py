@@ -80,7 +80,9 @@ struct GranuleInputs {
         for (int i = 0; i < 4; ++i) a[i] = make_float4(lane, i, 1.f, 2.f), b[i] = make_float4(i, lane, 3.f, 4.f);
     }
 };
-// A granule's math as mv_run's: bf16 -> fp32 dot products against the inputs, a five-step shuffle sum.
+// A granule's math as mv_run's: bf16 -> fp32 dot products against the inputs, a five-step shuffle sum
+// (SUM false: the lane's own partial sum, no shuffles: what the sum across lanes costs).
+template <bool SUM = true>
 __device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const GranuleInputs& x) {
     float acc = 0.f;
 #pragma unroll
@@ -94,7 +96,7 @@ __device__ __forceinline__ float granule_math(const uint4 (&wv)[4], const Granul
         acc += s0 + t0;
     }
 #pragma unroll
-    for (int m = 16; m > 0; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
+    for (int m = 16; m > 0 && SUM; m >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, m);
     return acc;
 }
 // Phases 0 .. reps - 1 of the block's `workers` threads: they meet, phase(rep, the block's share of
