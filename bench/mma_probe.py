@@ -16,7 +16,9 @@ for scale), then times phases through bench/stream_probe.py's ring at four shape
 with the weight bytes, and with none (the math alone, `no copies`), for the kernel's FMAs, the tensor
 cores, and both on 12-bit weights, each in the kernel's loop (a granule's math, then its slot's refill)
 and pipelined (the next granule taken into registers and its slot refilled before this one's math); and
-the FMAs without their sum across lanes (five dependent shuffles a granule: what a cheaper sum could save).
+the FMAs without their sum across lanes (five dependent shuffles a granule: what a cheaper sum could save),
+and with four granules' sums done together (1.5 shuffles a granule). A sum check compares the four-row sum
+with four separate shuffle sums.
 
     python bench/mma_probe.py
 
@@ -122,12 +124,58 @@ struct CodedUnsummedMath {
         return granule_math<false>(wv, x);
     }
 };
+// The kernel's FMAs with four granules' sums across lanes done together (a warp's granules are rows of one
+// segment): a lane keeps its partials of three granules and, with the fourth's, reduces the four rows by
+// exchanging halves (lane ^ 16: two rows a lane), then quarters (lane ^ 8: one row), then three shuffles:
+// 6 shuffles for 4 rows instead of 20. Lanes 0, 8, 16, 24 end with rows 0, 1, 2, 3 (lane 0's is returned).
+struct BatchedInputs : GranuleInputs {
+    mutable float p0 = 0.f, p1 = 0.f, p2 = 0.f;  // the last three granules' partial sums, newest first
+    mutable int n = 0;
+    __device__ explicit BatchedInputs(int lane) : GranuleInputs(lane) {}
+};
+__device__ __forceinline__ float sum_four_rows(float r0, float r1, float r2, float r3) {
+    const bool hi16 = threadIdx.x & 16, hi8 = threadIdx.x & 8;
+    const float q0 = (hi16 ? r2 : r0) + __shfl_xor_sync(0xffffffffu, hi16 ? r0 : r2, 16);
+    const float q1 = (hi16 ? r3 : r1) + __shfl_xor_sync(0xffffffffu, hi16 ? r1 : r3, 16);
+    float r = (hi8 ? q1 : q0) + __shfl_xor_sync(0xffffffffu, hi8 ? q0 : q1, 8);
+#pragma unroll
+    for (int m = 4; m > 0; m >>= 1) r += __shfl_xor_sync(0xffffffffu, r, m);
+    return r;
+}
+template <bool CODED>
+struct BatchedMath {
+    using Inputs = BatchedInputs;
+    static constexpr int V = CODED ? 3 : 4;
+    __device__ static float run(const uint4 (&v)[V], const Inputs& x) {
+        float p;
+        if constexpr (CODED) {
+            uint4 wv[4];
+            decode_granule<true>(v, wv, coded_base4);
+            p = granule_math<false>(wv, x);
+        } else {
+            p = granule_math<false>(v, x);
+        }
+        if (x.n < 3) {
+            x.p2 = x.p1, x.p1 = x.p0, x.p0 = p, ++x.n;
+            return p;
+        }
+        x.n = 0;
+        return sum_four_rows(x.p2, x.p1, x.p0, p);
+    }
+};
 #define MMA_RING(NAME, MATH) extern "C" __global__ void NAME(const uint4* src, long long per_block, int math, \
     int early, long long region, int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) { \
     ring_phase<4, MATH>(src, per_block, math, early, region, reps, counter, out, chase, lat); }
 MMA_RING(mma_ring_phase4, MmaMath) MMA_RING(coded_mma_ring_phase4, CodedMmaMath)
 MMA_RING(unsummed_ring_phase4, UnsummedMath) MMA_RING(coded_unsummed_ring_phase4, CodedUnsummedMath)
+MMA_RING(batched_ring_phase4, BatchedMath<false>) MMA_RING(coded_batched_ring_phase4, BatchedMath<true>)
 
+// One warp: lane l's four partials in[4 l + r]; out[r] = row r's sum as sum_four_rows leaves it (lane 8 r).
+extern "C" __global__ void sum4_check(const float* in, float* out) {
+    const int lane = threadIdx.x & 31;
+    const float r = sum_four_rows(in[4 * lane], in[4 * lane + 1], in[4 * lane + 2], in[4 * lane + 3]);
+    if (lane % 8 == 0) out[lane / 8] = r;
+}
 // One warp a granule g (8 rows x 128 columns in mma_granule's layout): rows[8 g + r], r = 0 .. 7.
 extern "C" __global__ void mma_check(const uint4* w, int ngran, float* rows) {
     const int lane = threadIdx.x & 31, g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
@@ -179,6 +227,11 @@ def check(cp, mod) -> None:
     err = lambda v: np.max(np.abs(v - exact) / scale)  # noqa: E731
     print(f"mma check, {n} granules of 8 rows x 128 columns: largest |error| / sum |w x|: tensor cores {err(got):.2e}, "
           f"fp32 adds in the kernel's order {err(fma):.2e} (fp32's unit roundoff 6.0e-08)")
+    parts = rng.integers(-1000, 1000, (32, 4)).astype(np.float32)  # integers: every order sums them exactly
+    four = cp.zeros(4, dtype=cp.float32)
+    mod.get_function("sum4_check")((1,), (32,), (cp.asarray(parts), four))
+    print(f"four-row sum check: {'equal to' if np.array_equal(four.get(), parts.sum(axis=0)) else 'DIFFERS from'} "
+          f"the four rows' sums")
 
 
 def time_phases(cp, mod) -> None:
@@ -194,6 +247,8 @@ def time_phases(cp, mod) -> None:
                 line.append(f"{label} {phase(kernel, vectors, math, 0):5.2f} / {phase(kernel, vectors, math, 2):5.2f}")
             line.append(f"FMA unsummed {phase('unsummed_ring_phase4', granules * 128, math, 0):5.2f}")
             line.append(f"12-bit FMA unsummed {phase('coded_unsummed_ring_phase4', granules * 96, math, 0):5.2f}")
+            line.append(f"FMA summed by fours {phase('batched_ring_phase4', granules * 128, math, 0):5.2f}")
+            line.append(f"12-bit FMA summed by fours {phase('coded_batched_ring_phase4', granules * 96, math, 0):5.2f}")
             line.append(f"FMA again {phase('ring_phase4', granules * 128, math, 0):5.2f}")
             print(f"{name:16s} {granules * 2:4d} KB of bf16 a block, {how:22s}: phase us (the kernel's loop / pipelined), "
                   + ", ".join(line))
