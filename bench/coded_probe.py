@@ -59,19 +59,20 @@ __device__ __forceinline__ void decode_granule(const uint4 (&cv)[3], uint4 (&wv)
     wv[3] = decode8<ADD>(cv[1].z, cv[1].w, cv[2].w, base4);
 }
 __constant__ unsigned coded_base4;  // the `add` window's B in every byte: an operand, as a kernel parameter would be
-template <bool ADD>
-struct CodedMath {
-    using Inputs = GranuleInputs;
+// Math (a granule's math on bf16 vectors, bench/stream_probe.py's ring_phase) on coded granules: decoded first.
+template <class Math, bool ADD = true>
+struct Coded {
+    using Inputs = typename Math::Inputs;
     static constexpr int V = 3;
-    __device__ static float run(const uint4 (&cv)[V], const GranuleInputs& x) {
+    __device__ static float run(const uint4 (&cv)[V], const Inputs& x) {
         uint4 wv[4];
         decode_granule<ADD>(cv, wv, coded_base4);
-        return granule_math(wv, x);
+        return Math::run(wv, x);
     }
 };
 #define CODED_RING(NAME, R, ADD) extern "C" __global__ void NAME(const uint4* src, long long per_block, int math, \
     int early, long long region, int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) { \
-    ring_phase<R, CodedMath<ADD>>(src, per_block, math, early, region, reps, counter, out, chase, lat); }
+    ring_phase<R, Coded<Bf16Math, ADD>>(src, per_block, math, early, region, reps, counter, out, chase, lat); }
 CODED_RING(coded_ring_phase4, 4, false) CODED_RING(coded_ring_phase5, 5, false) CODED_RING(coded_add_ring_phase4, 4, true)
 
 // One warp a granule g: sums[2g] its bf16 math, sums[2g + 1] its coded math; decoded: its vectors rebuilt.
@@ -85,7 +86,7 @@ __device__ void coded_check(const uint4* bf16, const uint4* coded, int ngran, fl
     for (int i = 0; i < 3; ++i) cv[i] = coded[g * 96 + i * 32 + lane];
     decode_granule<ADD>(cv, dv, coded_base4);
     for (int i = 0; i < 4; ++i) decoded[g * 128 + i * 32 + lane] = dv[i];
-    const float a = granule_math(wv, x), b = CodedMath<ADD>::run(cv, x);
+    const float a = granule_math(wv, x), b = Coded<Bf16Math, ADD>::run(cv, x);
     if (lane == 0) sums[2 * g] = a, sums[2 * g + 1] = b;
 }
 extern "C" __global__ void coded_check_or(const uint4* bf16, const uint4* coded, int ngran, float* sums, uint4* decoded) {

@@ -100,29 +100,11 @@ struct MmaMath {
         return r0 + r1;
     }
 };
-struct CodedMmaMath {
-    using Inputs = MmaInputs;
-    static constexpr int V = 3;
-    __device__ static float run(const uint4 (&cv)[V], const Inputs& x) {
-        uint4 wv[4];
-        decode_granule<true>(cv, wv, coded_base4);
-        return MmaMath::run(wv, x);
-    }
-};
-// The kernel's FMAs without the sum across lanes (bf16 and 12-bit): what a cheaper sum could save at most.
+// The kernel's FMAs without the sum across lanes: what a cheaper sum could save at most.
 struct UnsummedMath {
     using Inputs = GranuleInputs;
     static constexpr int V = 4;
     __device__ static float run(const uint4 (&wv)[V], const Inputs& x) { return granule_math<false>(wv, x); }
-};
-struct CodedUnsummedMath {
-    using Inputs = GranuleInputs;
-    static constexpr int V = 3;
-    __device__ static float run(const uint4 (&cv)[V], const Inputs& x) {
-        uint4 wv[4];
-        decode_granule<true>(cv, wv, coded_base4);
-        return granule_math<false>(wv, x);
-    }
 };
 // The kernel's FMAs with four granules' sums across lanes done together (a warp's granules are rows of one
 // segment): a lane keeps its partials of three granules and, with the fourth's, reduces the four rows by
@@ -142,19 +124,11 @@ __device__ __forceinline__ float sum_four_rows(float r0, float r1, float r2, flo
     for (int m = 4; m > 0; m >>= 1) r += __shfl_xor_sync(0xffffffffu, r, m);
     return r;
 }
-template <bool CODED>
 struct BatchedMath {
     using Inputs = BatchedInputs;
-    static constexpr int V = CODED ? 3 : 4;
-    __device__ static float run(const uint4 (&v)[V], const Inputs& x) {
-        float p;
-        if constexpr (CODED) {
-            uint4 wv[4];
-            decode_granule<true>(v, wv, coded_base4);
-            p = granule_math<false>(wv, x);
-        } else {
-            p = granule_math<false>(v, x);
-        }
+    static constexpr int V = 4;
+    __device__ static float run(const uint4 (&wv)[V], const Inputs& x) {
+        const float p = granule_math<false>(wv, x);
         if (x.n < 3) {
             x.p2 = x.p1, x.p1 = x.p0, x.p0 = p, ++x.n;
             return p;
@@ -166,9 +140,9 @@ struct BatchedMath {
 #define MMA_RING(NAME, MATH) extern "C" __global__ void NAME(const uint4* src, long long per_block, int math, \
     int early, long long region, int reps, unsigned* counter, u64* out, const unsigned* chase, u64* lat) { \
     ring_phase<4, MATH>(src, per_block, math, early, region, reps, counter, out, chase, lat); }
-MMA_RING(mma_ring_phase4, MmaMath) MMA_RING(coded_mma_ring_phase4, CodedMmaMath)
-MMA_RING(unsummed_ring_phase4, UnsummedMath) MMA_RING(coded_unsummed_ring_phase4, CodedUnsummedMath)
-MMA_RING(batched_ring_phase4, BatchedMath<false>) MMA_RING(coded_batched_ring_phase4, BatchedMath<true>)
+MMA_RING(mma_ring_phase4, MmaMath) MMA_RING(coded_mma_ring_phase4, Coded<MmaMath>)
+MMA_RING(unsummed_ring_phase4, UnsummedMath) MMA_RING(coded_unsummed_ring_phase4, Coded<UnsummedMath>)
+MMA_RING(batched_ring_phase4, BatchedMath) MMA_RING(coded_batched_ring_phase4, Coded<BatchedMath>)
 
 // One warp: lane l's four partials in[4 l + r]; out[r] = row r's sum as sum_four_rows leaves it (lane 8 r).
 extern "C" __global__ void sum4_check(const float* in, float* out) {
