@@ -9,7 +9,8 @@
                    // attention units' merge publishes at once (garbage: what waiting for the records costs),
                    // 6 the attention takes q/k/v without waiting for them, 7 the LM head's screen reads no bf16 rows,
                    // 8 the layers' weights stream three quarters of their bytes and are decoded as 12-bit weights
-                   // (garbage tokens: what lossless 12-bit weights would cost and save)
+                   // (garbage tokens: what lossless 12-bit weights would cost and save), 9 the same for
+                   // gate/up and down only
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif

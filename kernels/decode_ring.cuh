@@ -30,14 +30,17 @@ __device__ __forceinline__ void stream_settle(Ctx& c) {
     while (c.st.g >= c.st.src.ngran) next_matrix(c.st, c.P->w, c.b, c.warp);
 }
 
-// KOG_EXP 8 (timing only): a layer matrix's granule copies only its first three quarters of vectors
+// KOG_EXP 8 (timing only; 9: gate/up and down only): a layer matrix's granule copies only its first three quarters of vectors
 // (i * 32 + lane < 24 u: vectors 0 .. 3u/4 - 1 whole, then the first lanes' of the next), as many bytes
 // as 12-bit weights would fill it with (bench/coded_probe.py), in whole 32-byte sectors.
 // Its products also decode every 16-byte vector as 12-bit weights would be decoded (two words of low
 // bytes and one of codes into a bf16 vector: bench/coded_probe.py's decode8, `add` form), so that the
 // timing carries that math too.
+__device__ __forceinline__ constexpr bool coded_for_timing(int mat) {
+    return (KOG_EXP == 8 && mat != MAT_LM) || (KOG_EXP == 9 && (mat == MAT_GU || mat == MAT_DN));
+}
 __device__ __forceinline__ bool copies_three_quarters(const Stream& s, int i, int lane) {
-    return s.mat == MAT_LM || i * KOG_WAVE + lane < 24 * s.src.u;
+    return !coded_for_timing(s.mat) || i * KOG_WAVE + lane < 24 * s.src.u;
 }
 __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
     const unsigned sa = v.z & 0x87878787u, ob = (v.z >> 4) & 0x07070707u, sb = (v.z << 4) & 0x80808080u;
@@ -58,7 +61,7 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
 #pragma unroll
     for (int i = 0; i < SLOT / KOG_WAVE; ++i)
-        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && (KOG_EXP != 8 || copies_three_quarters(s, i, c.lane))) {
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && copies_three_quarters(s, i, c.lane)) {
             if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
             else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         } else if (pad) {
@@ -195,7 +198,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
-#if KOG_EXP == 8
+#if KOG_EXP == 8 || KOG_EXP == 9
     const unsigned base4 = 0x34343434u + (unsigned)(c.b >> 16);  // a window's base in every byte: in a register, not a constant
 #endif
     float4 xa[UF], xb[UF];
@@ -253,8 +256,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                 if (c.lane == 0) red[g * M::ROWS8 + j] = (float)(256LL * a + b);
             }
         } else {
-#if KOG_EXP == 8
-            if (MAT != MAT_LM) {
+#if KOG_EXP == 8 || KOG_EXP == 9
+            if (coded_for_timing(MAT)) {
 #pragma unroll
                 for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
             }
