@@ -80,6 +80,7 @@ VARIANTS = {
     "no-qkv-wait": {"KOG_EXP": "6"},  # the attention takes q/k/v as they stand (garbage: what their hop costs it)
     "bytes-75": {"KOG_EXP": "8"},  # the layers' granules three quarters copied and decoded (garbage: bench/coded_probe.py)
     "bytes-75-mlp": {"KOG_EXP": "9"},  # the same for gate/up and down only
+    "layers-resident": {"KOG_EXP": "10"},  # layer products read stale ring slots: no copies, waits or refills (garbage)
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},
