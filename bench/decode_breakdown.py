@@ -84,7 +84,8 @@ VARIANTS = {
     "layer-buf-0": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "0"},  # a layer's weights by bulk copies, issued a layer
     "layer-buf-1": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "1"},  # ahead before its input's hop / after its QKV
     "layer-buf-2": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "2"},  # product / after the attention / after its O
-    "layer-buf-3": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "3"},  # product (SmolLM2's shape)
+    "layer-buf-3": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "3"},  # product (SmolLM2's shape) / a matrix's at
+    "layer-buf-4": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "4"},  # the start of its product
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

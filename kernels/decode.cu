@@ -189,7 +189,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     for (int l = 0; l < NL; ++l) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
-        if (LAYER_BUF && KOG_LBUF_AT == 0) layer_copy_issue(c);  // the next layer (or token's layer 0)
+        if (LAYER_BUF && KOG_LBUF_AT == 0) layer_copy_issue(c);  // the next layer (or the next token's layer 0)
         // --- QKV
         if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
@@ -201,7 +201,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_event(c);
         }
         if (KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
-        if (LAYER_BUF) layer_copy_wait(c);
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();
@@ -370,7 +369,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     __shared__ int sint[8 + NW];
     __shared__ float xown[MO::MAXR];  // this block's rows of the residual stream
     __shared__ int stops[MAXSTOP];
-    __shared__ kog_u64 lbar[2];  // LAYER_BUF: the layer buffers' barriers
+    __shared__ kog_u64 lbar[8];  // LAYER_BUF: the layer buffers' barriers, one a matrix
     Ctx c;
     c.P = P;
     c.b = blockIdx.x;

@@ -27,8 +27,8 @@
 #define KOG_LAYER_BUF 0   // copies a layer ahead (LAYER_BUF below), 0 through the ring
 #endif
 #ifndef KOG_LBUF_AT  // LAYER_BUF: where a layer issues the next one's copies: 0 before its input's hop, 1 after
-#define KOG_LBUF_AT 1  // its QKV product, 2 after the attention, 3 after its O product
-#endif
+#define KOG_LBUF_AT 1  // its QKV product, 2 after the attention, 3 after its O product, 4 a matrix's at the
+#endif             // start of this layer's product of it
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -517,7 +517,7 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING_LAYERS * SLOT_MAX * 16;
 // NL even keeps layer NL - 1 in the second, free while the head runs). A region's last row may read
 // past its end (a partial granule's columns, zero inputs): into the next region, or the buffer's pad.
 constexpr bool LAYER_BUF = KOG_LAYER_BUF == 1;
-constexpr int round_up(int v, int m) { return (v + m - 1) / m * m; }
+__host__ __device__ constexpr int round_up(int v, int m) { return (v + m - 1) / m * m; }
 constexpr int LB_QKV = 0;  // 16-byte vectors from a buffer's start, 128-byte aligned
 constexpr int LB_O = LB_QKV + round_up(MQKV::MAXR * MQKV::KV, 8);
 constexpr int LB_GU = LB_O + round_up(MO::MAXR * MO::KV, 8);
@@ -635,8 +635,8 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     uint4* ring;       // this warp's RING slots
     uint4* lbuf;       // LAYER_BUF: the two layer buffers (LBUF_VECS each)
     const uint4* layer_w;  // ... the one the current layer's products read
-    kog_u64* lbar;     // ... their barriers
-    unsigned lb_issued, lb_used;  // ... layer copies issued, and waited for by the products
+    kog_u64* lbar;     // ... their barriers, one a matrix
+    unsigned lb_issued, lb_waited;  // ... parts of layer copies issued, and waited for by the products
     kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
 };

@@ -113,26 +113,35 @@ template <class M>
 __device__ __forceinline__ unsigned tile_bytes(int b) {
     return (unsigned)(M::row1(b) - M::row0(b)) * M::KV * 16u;
 }
-// Copy k brings layer k % NL into buffer k % 2: issued by thread 0, counted by every thread. The
-// buffer's last reader was copy k - 2's layer, done before the barrier that precedes the call.
-__device__ void layer_copy_issue(Ctx& c) {
-    const unsigned k = c.lb_issued++;
+// Copy k brings layer k % NL into buffer k % 2, as four parts (QKV, O, gate/up, down), each on its
+// own barrier; part j of the launch is copy j / 4's matrix j % 4. Issued by thread 0, counted by every
+// thread. A part's region was last read by copy k - 2's product, done before a barrier since.
+__device__ void layer_part_issue(Ctx& c) {
+    const unsigned j = c.lb_issued++, k = j / 4, mat = j % 4;
     if (c.tid != 0) return;
     const long long wl = (long long)(k % NL) * LSTRIDE;
     const unsigned short* w = c.P->w;
     uint4* buf = c.lbuf + (k & 1) * LBUF_VECS;
-    kog_u64* bar = c.lbar + (k & 1);
-    const unsigned nq = tile_bytes<MQKV>(c.b), no = tile_bytes<MO>(c.b), ng = tile_bytes<MGU>(c.b), nd = tile_bytes<MDN>(c.b);
+    const void* src = mat == MAT_QKV ? (const void*)mv_tile<MQKV>(w, wl + OFF_QKV, c.b)
+                    : mat == MAT_O ? (const void*)mv_tile<MO>(w, wl + OFF_O, c.b)
+                    : mat == MAT_GU ? (const void*)mv_tile<MGU>(w, wl + OFF_GU, c.b)
+                    : (const void*)mv_tile<MDN>(w, wl + OFF_DN, c.b);
+    const unsigned bytes = KOG_EXP == 2 ? 0u  // (timing only: no weight loads)
+                         : mat == MAT_QKV ? tile_bytes<MQKV>(c.b) : mat == MAT_O ? tile_bytes<MO>(c.b)
+                         : mat == MAT_GU ? tile_bytes<MGU>(c.b) : tile_bytes<MDN>(c.b);
+    const int at = mat == MAT_QKV ? LB_QKV : mat == MAT_O ? LB_O : mat == MAT_GU ? LB_GU : LB_DN;
+    kog_u64* bar = c.lbar + (k & 1) * 4 + mat;
     kog_fence_proxy_async();
-    kog_bar_expect_bytes(bar, nq + no + ng + nd);
-    if (nq) kog_bulk_copy_evict_first(buf + LB_QKV, mv_tile<MQKV>(w, wl + OFF_QKV, c.b), nq, bar, c.l2_policy);
-    if (no) kog_bulk_copy_evict_first(buf + LB_O, mv_tile<MO>(w, wl + OFF_O, c.b), no, bar, c.l2_policy);
-    if (ng) kog_bulk_copy_evict_first(buf + LB_GU, mv_tile<MGU>(w, wl + OFF_GU, c.b), ng, bar, c.l2_policy);
-    if (nd) kog_bulk_copy_evict_first(buf + LB_DN, mv_tile<MDN>(w, wl + OFF_DN, c.b), nd, bar, c.l2_policy);
+    kog_bar_expect_bytes(bar, bytes);  // (no bytes: the arrival alone completes the phase)
+    if (bytes) kog_bulk_copy_evict_first(buf + at, src, bytes, bar, c.l2_policy);
+}
+__device__ __forceinline__ void layer_copy_issue(Ctx& c) {  // the next copy's four parts at once
+    for (int m = 0; m < 4; ++m) layer_part_issue(c);
 }
 // Bounded: false on timeout (the watchdog, which fails the launch) or when a block has failed.
-__device__ bool layer_copy_landed(const Ctx& c, unsigned k) {
-    kog_u64* bar = c.lbar + (k & 1);
+__device__ bool layer_part_landed(const Ctx& c, unsigned j) {
+    const unsigned k = j / 4;
+    kog_u64* bar = c.lbar + (k & 1) * 4 + j % 4;
     const unsigned parity = (k >> 1) & 1;
     if (kog_bar_done(bar, parity)) return true;
     const kog_u64 t0 = kog_clock_ns();
@@ -140,22 +149,23 @@ __device__ bool layer_copy_landed(const Ctx& c, unsigned k) {
         if ((it & 31) != 0) continue;
         if (kog_ld_relaxed_s32(c.P->status + ST_ERROR) != 0) return false;
         if (kog_clock_ns() - t0 > (kog_u64)c.P->timeout_ns) {
-            fail(c.P, ERR_TIMEOUT, k);
+            fail(c.P, ERR_TIMEOUT, j);
             return false;
         }
     }
     return true;
 }
-// Every thread, before the layer's first product: its copy has landed. On a failure the thread goes
-// on (the block's next wait for other blocks sees the error and ends the launch).
-__device__ __forceinline__ void layer_copy_wait(Ctx& c) {
-    const unsigned k = c.lb_used++;
-    c.layer_w = c.lbuf + (k & 1) * LBUF_VECS;
-    layer_copy_landed(c, k);
+// Every thread, before a layer product: its part has landed. On a failure the thread goes on (the
+// block's next wait for other blocks sees the error and ends the launch).
+__device__ __forceinline__ void layer_part_wait(Ctx& c) {
+    const unsigned j = c.lb_waited++;
+    c.layer_w = c.lbuf + (j / 4 & 1) * LBUF_VECS;
+    layer_part_landed(c, j);
 }
-// Before the block exits: the copy issued last must not land in the shared memory of a block gone.
+// Before the block exits: no part may land in the shared memory of a block gone.
 __device__ void layer_copy_drain(const Ctx& c) {
-    if (LAYER_BUF && c.tid == 0 && c.lb_issued != c.lb_used) layer_copy_landed(c, c.lb_issued - 1);
+    if (LAYER_BUF && c.tid == 0)
+        for (unsigned j = c.lb_waited; j != c.lb_issued; ++j) layer_part_landed(c, j);
 }
 template <int MAT>
 __device__ __forceinline__ int layer_region() {
@@ -190,9 +200,10 @@ __device__ void ring_start(Ctx& c) {
     // wait for the last layer's down (HOLD), and layer 0 comes in
     for (int i = c.tid; i < 2 * LBUF_VECS; i += NTHR) c.lbuf[i] = make_uint4(0u, 0u, 0u, 0u);
     kog_fence_proxy_async();
-    if (c.tid == 0) kog_bar_init(c.lbar), kog_bar_init(c.lbar + 1);
+    if (c.tid == 0)
+        for (int i = 0; i < 8; ++i) kog_bar_init(c.lbar + i);
     for (int i = 0; i < RING; ++i) commit_group(c), ++c.st.held;
-    c.lb_issued = c.lb_used = 0;
+    c.lb_issued = c.lb_waited = 0;
     __syncthreads();
     layer_copy_issue(c);
 }
@@ -268,6 +279,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     // (what layers whose weights were resident would cost)
     constexpr bool RESIDENT = (KOG_EXP == 10 || LAYER_BUF) && MAT != MAT_LM;
     if (!RESIDENT) ring_release_timed<MAT>(c);  // the input is staged: refill now
+    if (LAYER_BUF && RESIDENT) {
+        if (KOG_LBUF_AT == 4) layer_part_issue(c);  // the next layer's part of this matrix
+        layer_part_wait(c);
+    }
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
 #if KOG_EXP == 8 || KOG_EXP == 9
