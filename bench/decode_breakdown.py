@@ -86,6 +86,7 @@ VARIANTS = {
     "layer-buf-2": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "2"},  # product / after the attention / after its O
     "layer-buf-3": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "3"},  # product (SmolLM2's shape) / a matrix's at
     "layer-buf-4": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "4"},  # the start of its product
+    "lbuf-cp": {"KOG_LBUF_CP": "1"},  # (with layer-buf-N) 16-byte copies by every thread instead of bulk copies
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

@@ -29,6 +29,9 @@
 #ifndef KOG_LBUF_AT  // LAYER_BUF: where a layer issues the next one's copies: 0 before its input's hop, 1 after
 #define KOG_LBUF_AT 1  // its QKV product, 2 after the attention, 3 after its O product, 4 a matrix's at the
 #endif             // start of this layer's product of it
+#ifndef KOG_LBUF_CP  // LAYER_BUF: 1 every thread copies its share of a part with 16-byte copies, 0 one bulk copy
+#define KOG_LBUF_CP 0
+#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif

@@ -118,7 +118,7 @@ __device__ __forceinline__ unsigned tile_bytes(int b) {
 // thread. A part's region was last read by copy k - 2's product, done before a barrier since.
 __device__ void layer_part_issue(Ctx& c) {
     const unsigned j = c.lb_issued++, k = j / 4, mat = j % 4;
-    if (c.tid != 0) return;
+    if (!KOG_LBUF_CP && c.tid != 0) return;
     const long long wl = (long long)(k % NL) * LSTRIDE;
     const unsigned short* w = c.P->w;
     uint4* buf = c.lbuf + (k & 1) * LBUF_VECS;
@@ -131,6 +131,13 @@ __device__ void layer_part_issue(Ctx& c) {
                          : mat == MAT_GU ? tile_bytes<MGU>(c.b) : tile_bytes<MDN>(c.b);
     const int at = mat == MAT_QKV ? LB_QKV : mat == MAT_O ? LB_O : mat == MAT_GU ? LB_GU : LB_DN;
     kog_u64* bar = c.lbar + (k & 1) * 4 + mat;
+    if (KOG_LBUF_CP) {  // every thread its vectors, then its arrival once they have landed
+        for (unsigned v = c.tid; v < bytes / 16; v += NTHR)
+            kog_cp_async16_evict_first(buf + at + v, reinterpret_cast<const uint4*>(src) + v, c.l2_policy);
+        commit_group(c);
+        kog_cp_async_bar_arrive(bar);
+        return;
+    }
     kog_fence_proxy_async();
     kog_bar_expect_bytes(bar, bytes);  // (no bytes: the arrival alone completes the phase)
     if (bytes) kog_bulk_copy_evict_first(buf + at, src, bytes, bar, c.l2_policy);
@@ -201,7 +208,7 @@ __device__ void ring_start(Ctx& c) {
     for (int i = c.tid; i < 2 * LBUF_VECS; i += NTHR) c.lbuf[i] = make_uint4(0u, 0u, 0u, 0u);
     kog_fence_proxy_async();
     if (c.tid == 0)
-        for (int i = 0; i < 8; ++i) kog_bar_init(c.lbar + i);
+        for (int i = 0; i < 8; ++i) kog_bar_init(c.lbar + i, KOG_LBUF_CP ? NTHR : 1);
     for (int i = 0; i < RING; ++i) commit_group(c), ++c.st.held;
     c.lb_issued = c.lb_waited = 0;
     __syncthreads();

@@ -170,8 +170,8 @@ __device__ __forceinline__ void kog_cp_async_wait() {
 // Bulk copies global -> shared: one instruction moves a run of bytes (16-byte aligned, a multiple
 // of 16) and counts them off a shared-memory barrier, whose phase completes once the bytes it was
 // told to expect have all landed.
-__device__ __forceinline__ void kog_bar_init(kog_u64* bar) {  // one thread, before the block's first barrier
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+__device__ __forceinline__ void kog_bar_init(kog_u64* bar, unsigned arrivals) {  // one thread, before the block's first barrier
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(arrivals) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // Shared memory this thread wrote (or copied into with 16-byte copies) may be overwritten by bulk copies.
@@ -185,6 +185,10 @@ __device__ __forceinline__ void kog_bulk_copy_evict_first(void* smem_dst, const 
     asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
                  ::"r"((unsigned)__cvta_generic_to_shared(smem_dst)), "l"(gmem_src), "r"(bytes),
                  "r"((unsigned)__cvta_generic_to_shared(bar)), "l"(policy) : "memory");
+}
+// The barrier counts this thread's arrival once its 16-byte copies issued so far have landed.
+__device__ __forceinline__ void kog_cp_async_bar_arrive(kog_u64* bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
 }
 // Has the barrier's phase of this parity completed (the copies' bytes visible to this thread)?
 __device__ __forceinline__ bool kog_bar_done(kog_u64* bar, unsigned parity) {
