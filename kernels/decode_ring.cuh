@@ -114,11 +114,11 @@ __device__ __forceinline__ unsigned tile_bytes(int b) {
     return (unsigned)(M::row1(b) - M::row0(b)) * M::KV * 16u;
 }
 // Copy k brings layer k % NL into buffer k % 2, as four parts (QKV, O, gate/up, down), each on its
-// own barrier; part j of the launch is copy j / 4's matrix j % 4. Issued by thread 0, counted by every
+// own barrier; part j of the launch is copy j / 4's matrix j % 4. Issued by one thread, counted by every
 // thread. A part's region was last read by copy k - 2's product, done before a barrier since.
 __device__ void layer_part_issue(Ctx& c) {
     const unsigned j = c.lb_issued++, k = j / 4, mat = j % 4;
-    if (!KOG_LBUF_CP && c.tid != 0) return;
+    if (!KOG_LBUF_CP && c.tid != NTHR - KOG_WAVE) return;  // the last warp's first lane: warp 0 polls the hops
     const long long wl = (long long)(k % NL) * LSTRIDE;
     const unsigned short* w = c.P->w;
     uint4* buf = c.lbuf + (k & 1) * LBUF_VECS;
@@ -138,7 +138,6 @@ __device__ void layer_part_issue(Ctx& c) {
         kog_cp_async_bar_arrive(bar);
         return;
     }
-    kog_fence_proxy_async();
     kog_bar_expect_bytes(bar, bytes);  // (no bytes: the arrival alone completes the phase)
     if (bytes) kog_bulk_copy_evict_first(buf + at, src, bytes, bar, c.l2_policy);
 }
