@@ -81,12 +81,6 @@ VARIANTS = {
     "bytes-75": {"KOG_EXP": "8"},  # the layers' granules three quarters copied and decoded (garbage: bench/coded_probe.py)
     "bytes-75-mlp": {"KOG_EXP": "9"},  # the same for gate/up and down only
     "layers-resident": {"KOG_EXP": "10"},  # layer products read stale ring slots: no copies, waits or refills (garbage)
-    "layer-buf-0": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "0"},  # a layer's weights by bulk copies, issued a layer
-    "layer-buf-1": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "1"},  # ahead before its input's hop / after its QKV
-    "layer-buf-2": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "2"},  # product / after the attention / after its O
-    "layer-buf-3": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "3"},  # product (SmolLM2's shape) / a matrix's at
-    "layer-buf-4": {"KOG_LAYER_BUF": "1", "KOG_LBUF_AT": "4"},  # the start of its product
-    "lbuf-cp": {"KOG_LBUF_CP": "1"},  # (with layer-buf-N) 16-byte copies by every thread instead of bulk copies
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

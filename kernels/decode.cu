@@ -189,7 +189,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
     for (int l = 0; l < NL; ++l) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
-        if (LAYER_BUF && KOG_LBUF_AT == 0) layer_copy_issue(c);  // the next layer (or the next token's layer 0)
         // --- QKV
         if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
@@ -215,7 +214,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             }
             trace_mv(c, MAT_QKV, 5);
         }
-        if (LAYER_BUF && KOG_LBUF_AT == 1) layer_copy_issue(c);
         end_phase(c);
         const unsigned e_qkv = c.epoch;
         // --- attention (reads only its own kv head's q/k/v)
@@ -226,7 +224,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
-        if (LAYER_BUF && KOG_LBUF_AT == 2) layer_copy_issue(c);
         end_phase(c);
         // --- O projection + residual
         if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
@@ -240,7 +237,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             else add_o_summed(c, red, xown, l);
             trace_mv(c, MAT_O, 5);
         }
-        if (LAYER_BUF && KOG_LBUF_AT == 3) layer_copy_issue(c);
         if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
         end_phase(c);
         // --- gate/up + SiLU
@@ -266,7 +262,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
             __syncthreads();
-            if (LAYER_BUF && l == NL - 1) ring_release(c);  // the head's first refills, into this layer's buffer
             trace_mv(c, MAT_DN, 4);
             if (DN_SPLIT == 1) {
                 add_to_residual<MDN>(c, red, xown);
@@ -369,7 +364,6 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     __shared__ int sint[8 + NW];
     __shared__ float xown[MO::MAXR];  // this block's rows of the residual stream
     __shared__ int stops[MAXSTOP];
-    __shared__ kog_u64 lbar[8];  // LAYER_BUF: the layer buffers' barriers, one a matrix
     Ctx c;
     c.P = P;
     c.b = blockIdx.x;
@@ -392,9 +386,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
     release_clock_start(c);
     __syncthreads();
-    c.lbuf = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS);
-    c.lbar = lbar;
-    c.ring = c.lbuf + (LAYER_BUF ? LBUF_VECS : 0) + c.warp * RING * SLOT;
+    c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen
 
     bool ok = true;
@@ -444,7 +436,6 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     }
     release_clock_flush(c);
     kog_cp_async_wait_all();  // the ring's last prefetches land before the block exits
-    layer_copy_drain(c);
 }
 
 // Constants the host checks against its own layout before trusting a binary.

@@ -23,15 +23,6 @@
 #ifndef KOG_LM_SCREEN  // greedy decoding without penalties screens the LM head's rows in int8: 0 no, 1 yes,
 #define KOG_LM_SCREEN -1  // -1 by shape (LM_SCREEN below)
 #endif
-#ifndef KOG_LAYER_BUF  // where a block's share of a layer fits shared memory twice: 1 its weights come in by bulk
-#define KOG_LAYER_BUF 0   // copies a layer ahead (LAYER_BUF below), 0 through the ring
-#endif
-#ifndef KOG_LBUF_AT  // LAYER_BUF: where a layer issues the next one's copies: 0 before its input's hop, 1 after
-#define KOG_LBUF_AT 1  // its QKV product, 2 after the attention, 3 after its O product, 4 a matrix's at the
-#endif             // start of this layer's product of it
-#ifndef KOG_LBUF_CP  // LAYER_BUF: 1 every thread copies its share of a part with 16-byte copies, 0 one bulk copy
-#define KOG_LBUF_CP 0
-#endif
 #ifndef KOG_HOLD  // timing experiments: HOLD below forced to this mask (0: no holds)
 #define KOG_HOLD -1
 #endif
@@ -510,25 +501,8 @@ constexpr int SMEM_ALIGN = 1024;  // bytes
 // flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
 constexpr int SLOT_MAX = 4 * KOG_WAVE;  // 16-byte vectors of the widest granule (U = 4): 2 KB
 constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
-constexpr int RING_LAYERS = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
-constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING_LAYERS * SLOT_MAX * 16;
-// LAYER_BUF: each layer's four tiles of a block come in by four bulk copies into one of two layer
-// buffers, issued a layer ahead (KOG_LBUF_AT says where), and the products read their granules there:
-// no copy, wait or refill per granule, no held refills released at a product's start (PERF.md
-// session 46: with the layers' weights resident, SmolLM2 ran 253 us a token against 283). The ring
-// then streams the LM head only, in the second buffer's room (a layer's buffer alternates by layer:
-// NL even keeps layer NL - 1 in the second, free while the head runs). A region's last row may read
-// past its end (a partial granule's columns, zero inputs): into the next region, or the buffer's pad.
-constexpr bool LAYER_BUF = KOG_LAYER_BUF == 1;
-__host__ __device__ constexpr int round_up(int v, int m) { return (v + m - 1) / m * m; }
-constexpr int LB_QKV = 0;  // 16-byte vectors from a buffer's start, 128-byte aligned
-constexpr int LB_O = LB_QKV + round_up(MQKV::MAXR * MQKV::KV, 8);
-constexpr int LB_GU = LB_O + round_up(MO::MAXR * MO::KV, 8);
-constexpr int LB_DN = LB_GU + round_up(MGU::MAXR * MGU::KV, 8);
-constexpr int LBUF_VECS = round_up(LB_DN + MDN::MAXR * MDN::KV + (MDN::FULL ? 0 : MDN::SEGW), SMEM_ALIGN / 16);
-constexpr int RING = LAYER_BUF ? 2 : RING_LAYERS;
-static_assert(!LAYER_BUF || (LAYER_IN_RING && NL % 2 == 0 && !LM_SCREEN && NW * RING * SLOT_MAX <= LBUF_VECS),
-              "LAYER_BUF: a small layer, an even layer count, the head's ring inside a buffer, no int8 head");
+constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
+constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
 // 16-byte vectors per slot of the ring and the stash: 2 KB, or where blocks stash (the layer does
 // not fit the ring), the shape's widest granule. Qwen2.5's products all take 1.5 KB granules: its 2 KB
 // slots were a quarter empty, and the room freed takes a fifth stash granule per warp (PERF.md v34:
@@ -571,7 +545,7 @@ constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
 constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
 constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
-constexpr int SMEM_BYTES = SM_FLOATS * 4 + (LAYER_BUF ? 2 * LBUF_VECS * 16 : RING_BYTES);
+constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
 static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
@@ -596,9 +570,7 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
 // always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
 // every phase's do: a refill issued early there gains nothing and delays the next input.
-// LAYER_BUF: only the LM head's ring refills, and those for the next token's head wait until the last
-// layer's down has read the buffer the ring lives in.
-constexpr int HOLD = LAYER_BUF ? 1 << MAT_LM : KOG_HOLD >= 0 ? KOG_HOLD
+constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
@@ -636,10 +608,6 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     float* red16;      // NW floats scratch
     int* sint;         // small ints scratch
     uint4* ring;       // this warp's RING slots
-    uint4* lbuf;       // LAYER_BUF: the two layer buffers (LBUF_VECS each)
-    const uint4* layer_w;  // ... the one the current layer's products read
-    kog_u64* lbar;     // ... their barriers, one a matrix
-    unsigned lb_issued, lb_waited;  // ... parts of layer copies issued, and waited for by the products
     kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
 };

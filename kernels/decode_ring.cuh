@@ -16,7 +16,7 @@
 
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
-    if (KOG_EXP == 10 || LAYER_BUF) s.mat = MAT_LM;  // the layers' weights stand resident (mv_run)
+    if (KOG_EXP == 10) s.mat = MAT_LM;  // timing only: the layers' weights stand resident (mv_run)
     else if (s.mat == MAT_LM) s.mat = MAT_QKV, s.layer = 0;
     else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
     else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
@@ -108,76 +108,6 @@ __device__ __forceinline__ void stash_fill(Ctx& c, bool paced) {
     s.stash_group = s.groups;
 }
 
-// ---- LAYER_BUF: a layer's weights by bulk copies ---------------------------------------------
-template <class M>
-__device__ __forceinline__ unsigned tile_bytes(int b) {
-    return (unsigned)(M::row1(b) - M::row0(b)) * M::KV * 16u;
-}
-// Copy k brings layer k % NL into buffer k % 2, as four parts (QKV, O, gate/up, down), each on its
-// own barrier; part j of the launch is copy j / 4's matrix j % 4. Issued by one thread, counted by every
-// thread. A part's region was last read by copy k - 2's product, done before a barrier since.
-__device__ void layer_part_issue(Ctx& c) {
-    const unsigned j = c.lb_issued++, k = j / 4, mat = j % 4;
-    if (!KOG_LBUF_CP && c.tid != NTHR - KOG_WAVE) return;  // the last warp's first lane: warp 0 polls the hops
-    const long long wl = (long long)(k % NL) * LSTRIDE;
-    const unsigned short* w = c.P->w;
-    uint4* buf = c.lbuf + (k & 1) * LBUF_VECS;
-    const void* src = mat == MAT_QKV ? (const void*)mv_tile<MQKV>(w, wl + OFF_QKV, c.b)
-                    : mat == MAT_O ? (const void*)mv_tile<MO>(w, wl + OFF_O, c.b)
-                    : mat == MAT_GU ? (const void*)mv_tile<MGU>(w, wl + OFF_GU, c.b)
-                    : (const void*)mv_tile<MDN>(w, wl + OFF_DN, c.b);
-    const unsigned bytes = KOG_EXP == 2 ? 0u  // (timing only: no weight loads)
-                         : mat == MAT_QKV ? tile_bytes<MQKV>(c.b) : mat == MAT_O ? tile_bytes<MO>(c.b)
-                         : mat == MAT_GU ? tile_bytes<MGU>(c.b) : tile_bytes<MDN>(c.b);
-    const int at = mat == MAT_QKV ? LB_QKV : mat == MAT_O ? LB_O : mat == MAT_GU ? LB_GU : LB_DN;
-    kog_u64* bar = c.lbar + (k & 1) * 4 + mat;
-    if (KOG_LBUF_CP) {  // every thread its vectors, then its arrival once they have landed
-        for (unsigned v = c.tid; v < bytes / 16; v += NTHR)
-            kog_cp_async16_evict_first(buf + at + v, reinterpret_cast<const uint4*>(src) + v, c.l2_policy);
-        commit_group(c);
-        kog_cp_async_bar_arrive(bar);
-        return;
-    }
-    kog_bar_expect_bytes(bar, bytes);  // (no bytes: the arrival alone completes the phase)
-    if (bytes) kog_bulk_copy_evict_first(buf + at, src, bytes, bar, c.l2_policy);
-}
-__device__ __forceinline__ void layer_copy_issue(Ctx& c) {  // the next copy's four parts at once
-    for (int m = 0; m < 4; ++m) layer_part_issue(c);
-}
-// Bounded: false on timeout (the watchdog, which fails the launch) or when a block has failed.
-__device__ bool layer_part_landed(const Ctx& c, unsigned j) {
-    const unsigned k = j / 4;
-    kog_u64* bar = c.lbar + (k & 1) * 4 + j % 4;
-    const unsigned parity = (k >> 1) & 1;
-    if (kog_bar_done(bar, parity)) return true;
-    const kog_u64 t0 = kog_clock_ns();
-    for (int it = 1; !kog_bar_done(bar, parity); ++it) {
-        if ((it & 31) != 0) continue;
-        if (kog_ld_relaxed_s32(c.P->status + ST_ERROR) != 0) return false;
-        if (kog_clock_ns() - t0 > (kog_u64)c.P->timeout_ns) {
-            fail(c.P, ERR_TIMEOUT, j);
-            return false;
-        }
-    }
-    return true;
-}
-// Every thread, before a layer product: its part has landed. On a failure the thread goes on (the
-// block's next wait for other blocks sees the error and ends the launch).
-__device__ __forceinline__ void layer_part_wait(Ctx& c) {
-    const unsigned j = c.lb_waited++;
-    c.layer_w = c.lbuf + (j / 4 & 1) * LBUF_VECS;
-    layer_part_landed(c, j);
-}
-// Before the block exits: no part may land in the shared memory of a block gone.
-__device__ void layer_copy_drain(const Ctx& c) {
-    if (LAYER_BUF && c.tid == 0)
-        for (unsigned j = c.lb_waited; j != c.lb_issued; ++j) layer_part_landed(c, j);
-}
-template <int MAT>
-__device__ __forceinline__ int layer_region() {
-    return MAT == MAT_QKV ? LB_QKV : MAT == MAT_O ? LB_O : MAT == MAT_GU ? LB_GU : LB_DN;
-}
-
 __device__ void ring_start(Ctx& c) {
     // zeros first: a partial granule's unused columns are then finite weights (stale or zero),
     // which mv_run reads with zero inputs instead of branching around them. (LM_SCREEN's int8 bytes
@@ -196,22 +126,9 @@ __device__ void ring_start(Ctx& c) {
 #else
     c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
 #endif
-    if (KOG_EXP == 10 || LAYER_BUF) c.st.mat = MAT_LM;
+    if (KOG_EXP == 10) c.st.mat = MAT_LM;
     c.st.src = stream_source(c.st.mat, 0, c.P->w, c.b, c.st.lm8);
-    if (!LAYER_BUF) {
-        for (int i = 0; i < RING; ++i) ring_issue(c);
-        return;
-    }
-    // the buffers start as zeros (a region's gaps are then finite weights), the head's first refills
-    // wait for the last layer's down (HOLD), and layer 0 comes in
-    for (int i = c.tid; i < 2 * LBUF_VECS; i += NTHR) c.lbuf[i] = make_uint4(0u, 0u, 0u, 0u);
-    kog_fence_proxy_async();
-    if (c.tid == 0)
-        for (int i = 0; i < 8; ++i) kog_bar_init(c.lbar + i, KOG_LBUF_CP ? NTHR : 1);
-    for (int i = 0; i < RING; ++i) commit_group(c), ++c.st.held;
-    c.lb_issued = c.lb_waited = 0;
-    __syncthreads();
-    layer_copy_issue(c);
+    for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
 // HOLD: issue the refills a phase's end held back.
@@ -280,15 +197,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    // LAYER_BUF: a layer product reads its granules in the layer's buffer, with no wait, refill or
-    // release. KOG_EXP 10 (timing only, garbage tokens): it reads the warp's first ring slot as it stands
-    // (what layers whose weights were resident would cost)
-    constexpr bool RESIDENT = (KOG_EXP == 10 || LAYER_BUF) && MAT != MAT_LM;
+    // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
+    // stands, with no wait, refill or release: what a layer whose weights were resident would cost
+    constexpr bool RESIDENT = KOG_EXP == 10 && MAT != MAT_LM;
     if (!RESIDENT) ring_release_timed<MAT>(c);  // the input is staged: refill now
-    if (LAYER_BUF && RESIDENT) {
-        if (KOG_LBUF_AT == 4) layer_part_issue(c);  // the next layer's part of this matrix
-        layer_part_wait(c);
-    }
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
 #if KOG_EXP == 8 || KOG_EXP == 9
@@ -324,11 +236,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NW >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
+        const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
-        const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW)
-                          : !RESIDENT ? c.ring + (c.st.tail % RING) * SLOT
-                          : KOG_EXP == 10 ? c.ring
-                          : c.layer_w + layer_region<MAT>() + (g / M::NSEG) * M::KV + seg * M::SEGW;
         // the U loads first, then U independent dot products: with inputs in registers a column
         // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
         uint4 wv[M::U];
@@ -379,13 +288,12 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         if (stashed || RESIDENT) continue;  // no ring slot emptied
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
-        // that the wait above still finds RING groups after the oldest). Never after the LM head
-        // (but with LAYER_BUF): the next token's first weights stream while it is chosen.
-        constexpr bool HOLDS = (MAT != MAT_LM || LAYER_BUF) && (HOLD >> MAT & 1);
+        // that the wait above still finds RING groups after the oldest). Never after the LM head:
+        // the next token's first weights stream while it is chosen.
+        constexpr bool HOLDS = MAT != MAT_LM && (HOLD >> MAT & 1);
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) commit_group(c), ++c.st.held;
         else ring_issue(c);
     }
     if (STASHED) c.st.stash_n = 0;
-    if (LAYER_BUF && MAT == MAT_LM) kog_fence_proxy_async();  // the next layer copies overwrite the head's ring
     trace_mv(c, MAT, 3);
 }

@@ -11,8 +11,6 @@
 //   - 16-byte asynchronous copies global -> shared (the weight ring, attention tiles), the
 //     weights' marked evict-first in L2 (read once per token: they must not push out the KV
 //     cache and the vectors blocks hand each other)
-//   - bulk asynchronous copies global -> shared completing on a shared-memory barrier that
-//     counts bytes (a layer's weights a block, where they fit shared memory twice)
 //   - L2-only ("cache global") loads for data other blocks wrote during this launch: L1 is
 //     not coherent across multiprocessors, so a plain load could hit a stale line
 // No standard headers: NVRTC compiles this without a host toolchain.
@@ -165,37 +163,6 @@ __device__ __forceinline__ void kog_cp_async_wait_pending_dyn(unsigned n) {
 }
 __device__ __forceinline__ void kog_cp_async_wait() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
-}
-
-// Bulk copies global -> shared: one instruction moves a run of bytes (16-byte aligned, a multiple
-// of 16) and counts them off a shared-memory barrier, whose phase completes once the bytes it was
-// told to expect have all landed.
-__device__ __forceinline__ void kog_bar_init(kog_u64* bar, unsigned arrivals) {  // one thread, before the block's first barrier
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(arrivals) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-}
-// Shared memory this thread wrote (or copied into with 16-byte copies) may be overwritten by bulk copies.
-__device__ __forceinline__ void kog_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-__device__ __forceinline__ void kog_bar_expect_bytes(kog_u64* bar, unsigned bytes) {  // one thread: the phase's bytes
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
-                 "r"(bytes) : "memory");
-}
-__device__ __forceinline__ void kog_bulk_copy_evict_first(void* smem_dst, const void* gmem_src, unsigned bytes, kog_u64* bar,
-                                                          kog_u64 policy) {
-    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;"
-                 ::"r"((unsigned)__cvta_generic_to_shared(smem_dst)), "l"(gmem_src), "r"(bytes),
-                 "r"((unsigned)__cvta_generic_to_shared(bar)), "l"(policy) : "memory");
-}
-// The barrier counts this thread's arrival once its 16-byte copies issued so far have landed.
-__device__ __forceinline__ void kog_cp_async_bar_arrive(kog_u64* bar) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
-}
-// Has the barrier's phase of this parity completed (the copies' bytes visible to this thread)?
-__device__ __forceinline__ bool kog_bar_done(kog_u64* bar, unsigned parity) {
-    unsigned ok;
-    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
-                 : "=r"(ok) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(parity) : "memory");
-    return ok != 0;
 }
 
 // ---- numbers -----------------------------------------------------------------------------
