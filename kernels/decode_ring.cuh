@@ -31,8 +31,8 @@ __device__ __forceinline__ void stream_settle(Ctx& c) {
     while (c.st.g >= c.st.src.ngran) next_matrix(c.st, c.P->w, c.b, c.warp);
 }
 
-// KOG_EXP 8 (timing only; 9: gate/up and down only): a layer matrix's granule copies only its first three quarters of vectors
-// (i * 32 + lane < 24 u: vectors 0 .. 3u/4 - 1 whole, then the first lanes' of the next), as many bytes
+// KOG_EXP 8 (timing only; 9: gate/up and down only): a layer matrix's granule copies only its first
+// three quarters of vectors (i * 32 + lane < 24 u: vectors 0 .. 3u/4 - 1 whole, then the first lanes' of the next), as many bytes
 // as 12-bit weights would fill it with (bench/coded_probe.py), in whole 32-byte sectors.
 // Its products also decode every 16-byte vector as 12-bit weights would be decoded (two words of low
 // bytes and one of codes into a bf16 vector: bench/coded_probe.py's decode8, `add` form), so that the
