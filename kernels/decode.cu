@@ -226,7 +226,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
-        if (!(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+        // (KOG_EXP 11, timing only: O's product takes its input as it stands, so that only the attention
+        // blocks' own O rows follow their attention: what folding O into the attention could gain at most)
+        if (KOG_EXP != 11 && !(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
             return false;
         trace_event(c);
         {

@@ -10,7 +10,8 @@
                    // 6 the attention takes q/k/v without waiting for them, 7 the LM head's screen reads no bf16 rows,
                    // 8 the layers' weights stream three quarters of their bytes and are decoded as 12-bit weights
                    // (garbage tokens: what lossless 12-bit weights would cost and save), 9 the same for
-                   // gate/up and down only, 10 the layers' weights stand resident (no copies, waits, refills)
+                   // gate/up and down only, 10 the layers' weights stand resident (no copies, waits, refills),
+                   // 11 O's product does not wait for the attention (the attn -> O hop gone)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
