@@ -243,7 +243,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             if (!attention<true>(c, l, pos, e_qkv)) return false;
             fold_o_add(c, c.sm, l, emb);
             end_phase(c);
-            if (!stage_norm<SumWord>(c, xs, P->xsum, sum_tag(c.step * NL + l) + NH, nullptr, sl + S_MLP_NORM, NORM_GATE_UP))
+            if (!stage_norm<SumWord>(c, xs, P->xsum, sum_tag(c.step * NL + l, O_ADDS), nullptr, sl + S_MLP_NORM, NORM_GATE_UP))
                 return false;
         } else {
         // --- attention (reads only its own kv head's q/k/v)

@@ -227,7 +227,10 @@ __device__ __forceinline__ long long sum_fixed(float v, float lim) {
 __device__ __forceinline__ float sum_float(long long v) { return (float)v * (1.0f / (float)(1 << SUM_FRAC)); }
 __device__ __forceinline__ kog_u64 sum_add(long long d) { return (1ull << 56) + (kog_u64)d; }  // one add of d
 // What a summed word reads after `layers` layers of this launch: O and every slice add once a layer.
-__device__ __forceinline__ unsigned sum_tag(int layers) { return (unsigned)(layers * (DN_SPLIT + O_ADDS)) & 255u; }
+// (OFOLD: o_adds = O_ADDS reads it after the next layer's O adds too)
+__device__ __forceinline__ unsigned sum_tag(int layers, int o_adds = 0) {
+    return (unsigned)(layers * (DN_SPLIT + O_ADDS) + o_adds) & 255u;
+}
 // The block's rows of the residual stream (O's rows; OFOLD: head 0's blocks' O rows) in fixed point,
 // as its last norm read them: their owners add their change against this value.
 constexpr int XFIX_ROWS = OFOLD ? FOLD_MAXR : MO::MAXR;
