@@ -91,18 +91,21 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
 // in place of the last token's stream, elsewhere the stream's clamp.
 __device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, const unsigned short* emb) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
-    const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0;
-    const int r = c.tid / FOLD_PARTS, p = c.tid - r * FOLD_PARTS;
-    float s = 0.f;
-    if (r < nr) s = dot8(fold_w(c)[c.tid], reinterpret_cast<const float4*>(o)[2 * p], reinterpret_cast<const float4*>(o)[2 * p + 1]);
-    s = kog_group_sum<FOLD_PARTS>(s);
-    if (p == 0 && r < nr) {
-        long long d = sum_fixed(s, SUM_PART_MAX);
-        if (fold_head(c.b) == 0) {
-            const long long x = kog_xfix[r];
-            d += (l == 0 ? sum_fixed(kog_bf16(emb[r0 + r]), SUM_X_MAX) : min(max(x, -XMAX), XMAX)) - x;
+    const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0, p = c.tid % FOLD_PARTS;
+    const float4 a = reinterpret_cast<const float4*>(o)[2 * p], b = reinterpret_cast<const float4*>(o)[2 * p + 1];
+#pragma unroll
+    for (int k = 0; k < (FOLD_MAXR * FOLD_PARTS + NTHR - 1) / NTHR; ++k) {
+        const int q = c.tid + k * NTHR, r = q / FOLD_PARTS;  // (a row's vectors in one wave)
+        float s = r < nr ? dot8(fold_w(c)[q], a, b) : 0.f;
+        s = kog_group_sum<FOLD_PARTS>(s);
+        if (p == 0 && r < nr) {
+            long long d = sum_fixed(s, SUM_PART_MAX);
+            if (fold_head(c.b) == 0) {
+                const long long x = kog_xfix[r];
+                d += (l == 0 ? sum_fixed(kog_bf16(emb[r0 + r]), SUM_X_MAX) : min(max(x, -XMAX), XMAX)) - x;
+            }
+            kog_red_add_u64(c.P->xsum + r0 + r, sum_add(d));
         }
-        kog_red_add_u64(c.P->xsum + r0 + r, sum_add(d));
     }
 }
 
@@ -211,7 +214,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (OFOLD) fold_prefetch(c, l, pos);
+        if (OFOLD && fold_att(b)) fold_prefetch(c, l, pos);
         else if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         const unsigned short* emb = w + OFF_EMB + (long long)token * H;
         if (l == 0) {
@@ -240,8 +243,10 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         const unsigned e_qkv = c.epoch;
         if (OFOLD) {  // --- attention and O rows, every block its own query head
-            if (!attention<true>(c, l, pos, e_qkv)) return false;
-            fold_o_add(c, c.sm, l, emb);
+            if (fold_att(b)) {
+                if (!attention<true>(c, l, pos, e_qkv)) return false;
+                fold_o_add(c, c.sm, l, emb);
+            }
             end_phase(c);
             if (!stage_norm<SumWord>(c, xs, P->xsum, sum_tag(c.step * NL + l, O_ADDS), nullptr, sl + S_MLP_NORM, NORM_GATE_UP))
                 return false;

@@ -79,6 +79,9 @@
 #ifndef KOG_OFOLD  // O folded into the attention (OFOLD below): 0 no, 1 yes
 #define KOG_OFOLD 0
 #endif
+#ifndef KOG_FOLD_R  // OFOLD: blocks a query head (FOLD_R below)
+#define KOG_FOLD_R 3
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -240,22 +243,22 @@ constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT
                        : dn_split_of(INTER, H) ? dn_split_of(INTER, H) : dn_split_of(INTER, 64 * NTHR);
 constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
 static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
-// OFOLD: O folded into the attention. Every block runs one query head's attention over the whole
-// context itself (fold_head: NBLK / NH blocks or one more a head, each loading its kv head's K/V
-// tiles), and adds its rows of W_O[:, head] . attention (fold_row0 .. fold_row1 - 1 of the head's H)
-// to the residual stream's summed words: no hop from the attention to O, and no O phase. Up to
-// FOLD_TILES tiles, where every tile of the context fits shared memory beside the ring.
+// OFOLD: O folded into the attention. Blocks 0 .. NH FOLD_R - 1 run one query head's attention over
+// the whole context each (fold_head; FOLD_R blocks a head, each loading its kv head's K/V tiles),
+// and add their rows of W_O[:, head] . attention (fold_row0 .. fold_row1 - 1 of the head's H) to the
+// residual stream's summed words: no hop from the attention to O, and no O phase. Up to FOLD_TILES
+// tiles, where every tile of the context fits shared memory beside the ring.
 constexpr bool OFOLD = KOG_OFOLD != 0;
+constexpr int FOLD_R = KOG_FOLD_R;
+__host__ __device__ __forceinline__ constexpr bool fold_att(int b) { return b < NH * FOLD_R; }
 __host__ __device__ __forceinline__ constexpr int fold_head(int b) { return b % NH; }
-__host__ __device__ __forceinline__ constexpr int fold_blocks(int h) { return (NBLK - 1 - h) / NH + 1; }  // blocks of head h
-__host__ __device__ __forceinline__ constexpr int fold_row_at(int b, int end) {
-    return H * (b / NH + end) / fold_blocks(fold_head(b));
-}
+__host__ __device__ __forceinline__ constexpr int fold_row_at(int b, int end) { return H * (b / NH + end) / FOLD_R; }
 __host__ __device__ __forceinline__ constexpr int fold_row0(int b) { return fold_row_at(b, 0); }
 __host__ __device__ __forceinline__ constexpr int fold_row1(int b) { return fold_row_at(b, 1); }
-constexpr int FOLD_MAXR = (H + NBLK / NH - 1) / (NBLK / NH);  // rows of a block at most
-constexpr int FOLD_PARTS = D / 8;  // 16-byte weight vectors of a row of W_O[:, head]: one a thread
-static_assert(!OFOLD || (NBLK >= NH && FOLD_MAXR * FOLD_PARTS <= NTHR && FOLD_PARTS <= KOG_WAVE), "a block's O rows, a vector a thread");
+constexpr int FOLD_MAXR = (H + FOLD_R - 1) / FOLD_R;  // rows of a block at most
+constexpr int FOLD_PARTS = D / 8;  // 16-byte weight vectors of a row of W_O[:, head]
+static_assert(!OFOLD || (FOLD_R >= 1 && NH * FOLD_R <= NBLK && NTHR % FOLD_PARTS == 0 && FOLD_PARTS <= KOG_WAVE),
+              "the fold's blocks, a row's vectors in one wave");
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");

@@ -237,7 +237,7 @@ constexpr int XFIX_ROWS = OFOLD ? FOLD_MAXR : MO::MAXR;
 __shared__ long long kog_xfix[XFIX_ROWS];
 __device__ __forceinline__ int xfix_row0(int b) { return OFOLD ? fold_row0(b) : MO::row0(b); }
 __device__ __forceinline__ int xfix_rows(int b) {
-    return OFOLD ? (fold_head(b) == 0 ? fold_row1(b) - fold_row0(b) : 0) : MO::row1(b) - MO::row0(b);
+    return OFOLD ? (fold_att(b) && fold_head(b) == 0 ? fold_row1(b) - fold_row0(b) : 0) : MO::row1(b) - MO::row0(b);
 }
 struct SumWord {  // how a consumer reads a summed word
     __device__ static long long fixed(kog_u64 w) { return (long long)(w << 8) >> 8; }
