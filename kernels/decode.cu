@@ -248,6 +248,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 fold_o_add(c, c.sm, l, emb);
             }
             end_phase(c);
+            trace_event(c), trace_event(c);  // ('o ready', 'o done': the trace's phases line up)
             if (!stage_norm<SumWord>(c, xs, P->xsum, sum_tag(c.step * NL + l, O_ADDS), nullptr, sl + S_MLP_NORM, NORM_GATE_UP))
                 return false;
         } else {
