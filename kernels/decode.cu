@@ -89,7 +89,7 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
 // rows of W_O[:, head] . o, FOLD_PARTS lanes a row, added to the summed words. Head 0's blocks add
 // the stream's corrections with theirs (decode_sync.cuh): at a token's first layer its embedding row
 // in place of the last token's stream, elsewhere the stream's clamp.
-__device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, const unsigned short* emb) {
+__device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, const unsigned short* emb, kog_u64* xsum) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
     const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0, p = c.tid % FOLD_PARTS;
     const float4 a = reinterpret_cast<const float4*>(o)[2 * p], b = reinterpret_cast<const float4*>(o)[2 * p + 1];
@@ -104,7 +104,7 @@ __device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, 
                 const long long x = kog_xfix[r];
                 d += (l == 0 ? sum_fixed(kog_bf16(emb[r0 + r]), SUM_X_MAX) : min(max(x, -XMAX), XMAX)) - x;
             }
-            kog_red_add_u64(c.P->xsum + r0 + r, sum_add(d));
+            kog_red_add_u64(xsum + r0 + r, sum_add(d));
         }
     }
 }
@@ -214,7 +214,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (OFOLD && fold_att(b)) fold_prefetch(c, l, pos);
+        if (OFOLD && fold_att(b) && l == 0) fold_prefetch(c, l, pos);  // (later layers': after the last one's O rows)
         else if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         const unsigned short* emb = w + OFF_EMB + (long long)token * H;
         if (l == 0) {
@@ -244,8 +244,15 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const unsigned e_qkv = c.epoch;
         if (OFOLD) {  // --- attention and O rows, every block its own query head
             if (fold_att(b)) {
+                kog_u64* const xsum = P->xsum;  // (loaded ahead: after the attention its round trip would delay the adds)
                 if (!attention<true>(c, l, pos, e_qkv)) return false;
-                fold_o_add(c, c.sm, l, emb);
+                fold_o_add(c, c.sm, l, emb, xsum);
+                // the next layer's tiles and O rows: they land during this layer's MLP, not in front of
+                // the next layer's input poll (the tiles a layer reads were final before this token began)
+                if (l + 1 < NL) {
+                    __syncthreads();  // every thread is done with the tiles and the O rows
+                    fold_prefetch(c, l + 1, pos);
+                }
             }
             end_phase(c);
             trace_event(c), trace_event(c);  // ('o ready', 'o done': the trace's phases line up)

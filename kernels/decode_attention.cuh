@@ -79,6 +79,7 @@ constexpr int WIT_N = (NQKV + WIT_LANES - 1) / WIT_LANES;  // words a lane
 static_assert(!OFOLD || (NW > 3 && WIT_N <= 32), "the QKV product's words, by the idle warps");
 __device__ bool fold_witness(const Ctx& c, int wi, unsigned tag) {
     const int first = wi * KOG_WAVE + c.lane;
+    const kog_u64* const words = c.P->qkv + first;  // (once: each tagged load's memory clobber would re-read it)
     unsigned pending = 0;
 #pragma unroll
     for (int i = 0; i < WIT_N; ++i)
@@ -88,7 +89,7 @@ __device__ bool fold_witness(const Ctx& c, int wi, unsigned tag) {
         kog_u64 w[WIT_N];
 #pragma unroll
         for (int i = 0; i < WIT_N; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(c.P->qkv + first + i * WIT_LANES);
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(words + i * WIT_LANES);
 #pragma unroll
         for (int i = 0; i < WIT_N; ++i)
             if (((pending >> i) & 1u) && tag_ready(w[i], tag)) pending &= ~(1u << i);
