@@ -91,8 +91,10 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
 // in place of the last token's stream, elsewhere the stream's clamp.
 __device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, const unsigned short* emb, kog_u64* xsum) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
+    trace_mv(c, MAT_O, 0);
     const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0, p = c.tid % FOLD_PARTS;
     const float4 a = reinterpret_cast<const float4*>(o)[2 * p], b = reinterpret_cast<const float4*>(o)[2 * p + 1];
+    trace_mv(c, MAT_O, 1);
 #pragma unroll
     for (int k = 0; k < (FOLD_MAXR * FOLD_PARTS + NTHR - 1) / NTHR; ++k) {
         const int q = c.tid + k * NTHR, r = q / FOLD_PARTS;  // (a row's vectors in one wave)
@@ -107,6 +109,7 @@ __device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, 
             kog_red_add_u64(xsum + r0 + r, sum_add(d));
         }
     }
+    trace_mv(c, MAT_O, 3);
 }
 
 // RMSNorm of the residual stream after `layers` layers of this launch (before QKV, or the final
@@ -251,7 +254,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 // the next layer's input poll (the tiles a layer reads were final before this token began)
                 if (l + 1 < NL) {
                     __syncthreads();  // every thread is done with the tiles and the O rows
+                    trace_mv(c, MAT_O, 4);
                     fold_prefetch(c, l + 1, pos);
+                    trace_mv(c, MAT_O, 5);
                 }
             }
             end_phase(c);
