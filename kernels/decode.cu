@@ -95,11 +95,20 @@ __device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, 
     const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0, p = c.tid % FOLD_PARTS;
     const float4 a = reinterpret_cast<const float4*>(o)[2 * p], b = reinterpret_cast<const float4*>(o)[2 * p + 1];
     trace_mv(c, MAT_O, 1);
+    constexpr int NQ = (FOLD_MAXR * FOLD_PARTS + NTHR - 1) / NTHR;  // vectors a thread
+    uint4 wv[NQ];  // every load, then every sum, then the adds (an add's asm is a compiler barrier)
 #pragma unroll
-    for (int k = 0; k < (FOLD_MAXR * FOLD_PARTS + NTHR - 1) / NTHR; ++k) {
-        const int q = c.tid + k * NTHR, r = q / FOLD_PARTS;  // (a row's vectors in one wave)
-        float s = r < nr ? dot8(fold_w(c)[q], a, b) : 0.f;
-        s = kog_group_sum<FOLD_PARTS>(s);
+    for (int k = 0; k < NQ; ++k)
+        if ((c.tid + k * NTHR) / FOLD_PARTS < nr) wv[k] = fold_w(c)[c.tid + k * NTHR];
+    float sums[NQ];
+#pragma unroll
+    for (int k = 0; k < NQ; ++k) sums[k] = (c.tid + k * NTHR) / FOLD_PARTS < nr ? dot8(wv[k], a, b) : 0.f;
+#pragma unroll
+    for (int k = 0; k < NQ; ++k) sums[k] = kog_group_sum<FOLD_PARTS>(sums[k]);  // (a row's vectors in one wave)
+#pragma unroll
+    for (int k = 0; k < NQ; ++k) {
+        const int r = (c.tid + k * NTHR) / FOLD_PARTS;
+        const float s = sums[k];
         if (p == 0 && r < nr) {
             long long d = sum_fixed(s, SUM_PART_MAX);
             if (fold_head(c.b) == 0) {
@@ -217,7 +226,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (OFOLD && fold_att(b) && l == 0) fold_prefetch(c, l, pos);  // (later layers': after the last one's O rows)
+        if (OFOLD && fold_att(b) && l == 0) fold_prefetch<3>(c, l, pos);  // (later layers': inside the last one's waits)
         else if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         const unsigned short* emb = w + OFF_EMB + (long long)token * H;
         if (l == 0) {
@@ -250,12 +259,12 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 kog_u64* const xsum = P->xsum;  // (loaded ahead: after the attention its round trip would delay the adds)
                 if (!attention<true>(c, l, pos, e_qkv)) return false;
                 fold_o_add(c, c.sm, l, emb, xsum);
-                // the next layer's tiles and O rows: they land during this layer's MLP, not in front of
-                // the next layer's input poll (the tiles a layer reads were final before this token began)
+                // the next layer's K rows, inside the hop to gate/up (the tiles a layer reads were final
+                // before this token began)
                 if (l + 1 < NL) {
                     __syncthreads();  // every thread is done with the tiles and the O rows
                     trace_mv(c, MAT_O, 4);
-                    fold_prefetch(c, l + 1, pos);
+                    fold_prefetch<1>(c, l + 1, pos);
                     trace_mv(c, MAT_O, 5);
                 }
             }
@@ -306,6 +315,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
+        if (OFOLD && fold_att(b) && l + 1 < NL) fold_prefetch<2>(c, l + 1, pos);  // the V and O rows, inside the act hop
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice

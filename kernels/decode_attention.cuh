@@ -27,6 +27,8 @@ __device__ __forceinline__ float* att_cache(float* cache, const KParams* P, int 
 // positions. The V rows from the new position on are zeros instead (their K rows are never read):
 // P x V then reads every row of the tile at a fixed offset (their weights are 0, or the new
 // row's, whose product with this token's v is added after).
+// ROWS: 1 the K rows only, 2 the V rows only, 3 both.
+template <int ROWS = 3>
 __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const float* vbase, int tile0,
                                                int ntiles, int L, float* tiles) {
     const int pos = L - 1;
@@ -36,9 +38,9 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
         const int p = (tile0 + k) * 32 + r;
         float* kt = tiles + k * TILE_F;
         if (p < pos) {  // the new position comes from shared memory (this token's k and v)
-            kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
-            kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
-        } else {
+            if (ROWS & 1) kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
+            if (ROWS & 2) kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
+        } else if (ROWS & 2) {
             *reinterpret_cast<float4*>(kt + 32 * KT + r * D + 4 * c4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
@@ -55,19 +57,23 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
 }
 
 // OFOLD: every block's K/V tiles of the whole context (its query head's kv head) and its rows of
-// W_O[:, head], issued at the layer's start like ATT_EARLY's first round.
+// W_O[:, head]. A block moves ~120 GB/s from L2, and the copies' issue waits on that: so a layer's
+// are issued in two parts, each inside a wait of the layer before (ROWS: 1 the K rows, 2 the V rows
+// and the O rows, 3 all: at a token's first layer, at its start).
 __device__ __forceinline__ float* fold_tiles(const Ctx& c) { return c.sm + FOLD_T0; }
 __device__ __forceinline__ uint4* fold_w(const Ctx& c) { return reinterpret_cast<uint4*>(c.sm + FOLD_W0); }
 __device__ __forceinline__ int fold_ntile(int pos) { return min((pos + 32) / 32, FOLD_TILES); }
+template <int ROWS>
 __device__ __forceinline__ void fold_prefetch(Ctx& c, int l, int pos) {
     const int h = fold_head(c.b), g = h / G, r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0;
     const uint4* const wo = reinterpret_cast<const uint4*>(c.P->w + l * LSTRIDE + OFF_O + h * D);  // row r at r QD / 8
-    for (int q = c.tid; q < nr * FOLD_PARTS; q += NTHR) {
-        const int r = q / FOLD_PARTS;
-        kog_cp_async16(fold_w(c) + q, wo + (long long)(r0 + r) * (QD / 8) + (q - r * FOLD_PARTS));
-    }
-    att_load_tiles(c, att_cache(c.P->kc, c.P, l, g), att_cache(c.P->vc, c.P, l, g), 0, fold_ntile(pos), pos + 1,
-                   fold_tiles(c));
+    if (ROWS & 2)
+        for (int q = c.tid; q < nr * FOLD_PARTS; q += NTHR) {
+            const int r = q / FOLD_PARTS;
+            kog_cp_async16(fold_w(c) + q, wo + (long long)(r0 + r) * (QD / 8) + (q - r * FOLD_PARTS));
+        }
+    att_load_tiles<ROWS>(c, att_cache(c.P->kc, c.P, l, g), att_cache(c.P->vc, c.P, l, g), 0, fold_ntile(pos), pos + 1,
+                         fold_tiles(c));
     c.st.tiles_group = c.st.groups;
 }
 
