@@ -83,10 +83,6 @@ VARIANTS = {
     "layers-resident": {"KOG_EXP": "10"},  # layer products read stale ring slots: no copies, waits or refills (garbage)
     "no-o-wait": {"KOG_EXP": "11"},  # O's product takes its input as it stands (garbage: O folded into the attention at best)
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
-    "o-fold": {"KOG_OFOLD": "1"},  # O folded into the attention (every block its own query head)
-    "fold-r2": {"KOG_FOLD_R": "2"},  # o-fold: blocks a query head
-    "fold-r4": {"KOG_FOLD_R": "4"},
-    "slot-3": {"KOG_SLOT_U": "3"},  # 1.5 KB ring slots (o-fold's)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},
     "ring-4": {"KOG_RING": "4"},

@@ -85,48 +85,12 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
     }
 }
 
-// OFOLD, all threads after the attention (o: the block's head's output in shared memory): the block's
-// rows of W_O[:, head] . o, FOLD_PARTS lanes a row, added to the summed words. Head 0's blocks add
-// the stream's corrections with theirs (decode_sync.cuh): at a token's first layer its embedding row
-// in place of the last token's stream, elsewhere the stream's clamp.
-__device__ __forceinline__ void fold_o_add(const Ctx& c, const float* o, int l, const unsigned short* emb, kog_u64* xsum) {
-    constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
-    trace_mv(c, MAT_O, 0);
-    const int r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0, p = c.tid % FOLD_PARTS;
-    const float4 a = reinterpret_cast<const float4*>(o)[2 * p], b = reinterpret_cast<const float4*>(o)[2 * p + 1];
-    trace_mv(c, MAT_O, 1);
-    constexpr int NQ = (FOLD_MAXR * FOLD_PARTS + NTHR - 1) / NTHR;  // vectors a thread
-    uint4 wv[NQ];  // every load, then every sum, then the adds (an add's asm is a compiler barrier)
-#pragma unroll
-    for (int k = 0; k < NQ; ++k)
-        if ((c.tid + k * NTHR) / FOLD_PARTS < nr) wv[k] = fold_w(c)[c.tid + k * NTHR];
-    float sums[NQ];
-#pragma unroll
-    for (int k = 0; k < NQ; ++k) sums[k] = (c.tid + k * NTHR) / FOLD_PARTS < nr ? dot8(wv[k], a, b) : 0.f;
-#pragma unroll
-    for (int k = 0; k < NQ; ++k) sums[k] = kog_group_sum<FOLD_PARTS>(sums[k]);  // (a row's vectors in one wave)
-#pragma unroll
-    for (int k = 0; k < NQ; ++k) {
-        const int r = (c.tid + k * NTHR) / FOLD_PARTS;
-        const float s = sums[k];
-        if (p == 0 && r < nr) {
-            long long d = sum_fixed(s, SUM_PART_MAX);
-            if (fold_head(c.b) == 0) {
-                const long long x = kog_xfix[r];
-                d += (l == 0 ? sum_fixed(kog_bf16(emb[r0 + r]), SUM_X_MAX) : min(max(x, -XMAX), XMAX)) - x;
-            }
-            kog_red_add_u64(xsum + r0 + r, sum_add(d));
-        }
-    }
-    trace_mv(c, MAT_O, 3);
-}
-
 // RMSNorm of the residual stream after `layers` layers of this launch (before QKV, or the final
-// norm): where down is split (or O folded) the sums meet in the summed words; else down's owners
+// norm): where down is split its slices' sums meet in the summed words; else down's owners
 // published the tagged words. (The final norm is traced as a layer input too, in layer NL - 1,
 // which bench/decode_breakdown.py never traces.)
 __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, int layers, const float* w) {
-    if (SUMMED) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
+    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
     return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
@@ -226,18 +190,16 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (OFOLD && fold_att(b) && l == 0) fold_prefetch<3>(c, l, pos);  // (later layers': inside the last one's waits)
-        else if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
-        const unsigned short* emb = w + OFF_EMB + (long long)token * H;
+        if (KOG_ATT_EARLY == 2) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
-            if (!OFOLD)
-                for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
+            const unsigned short* emb = w + OFF_EMB + (long long)token * H;
+            for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
             stage_norm(c, xs, nullptr, 0, emb, sl + S_ATTN_NORM);
         } else {
             if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
         }
-        if (!OFOLD && KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
+        if (KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();
@@ -254,25 +216,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         }
         end_phase(c);
         const unsigned e_qkv = c.epoch;
-        if (OFOLD) {  // --- attention and O rows, every block its own query head
-            if (fold_att(b)) {
-                kog_u64* const xsum = P->xsum;  // (loaded ahead: after the attention its round trip would delay the adds)
-                if (!attention<true>(c, l, pos, e_qkv)) return false;
-                fold_o_add(c, c.sm, l, emb, xsum);
-                // the next layer's K rows, inside the hop to gate/up (the tiles a layer reads were final
-                // before this token began)
-                if (l + 1 < NL) {
-                    __syncthreads();  // every thread is done with the tiles and the O rows
-                    trace_mv(c, MAT_O, 4);
-                    fold_prefetch<1>(c, l + 1, pos);
-                    trace_mv(c, MAT_O, 5);
-                }
-            }
-            end_phase(c);
-            trace_event(c), trace_event(c);  // ('o ready', 'o done': the trace's phases line up)
-            if (!stage_norm<SumWord>(c, xs, P->xsum, sum_tag(c.step * NL + l, O_ADDS), nullptr, sl + S_MLP_NORM, NORM_GATE_UP))
-                return false;
-        } else {
         // --- attention (reads only its own kv head's q/k/v)
         const bool att_ok = attention(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
@@ -300,7 +243,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         // --- gate/up + SiLU
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
-        }
         trace_event(c);
         {
             mv_run<MGU, MAT_GU>(c, xs, red);
@@ -315,7 +257,6 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
-        if (OFOLD && fold_att(b) && l + 1 < NL) fold_prefetch<2>(c, l + 1, pos);  // the V and O rows, inside the act hop
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
@@ -324,7 +265,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             mv_run<MDN, MAT_DN>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_DN, 4);
-            if (!SUMMED) {
+            if (DN_SPLIT == 1) {
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
@@ -444,7 +385,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const bool greedy = P->greedy != 0;
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
-    for (int r = c.tid; r < XFIX_ROWS; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
+    for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
     release_clock_start(c);
     __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;

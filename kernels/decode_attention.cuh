@@ -27,8 +27,6 @@ __device__ __forceinline__ float* att_cache(float* cache, const KParams* P, int 
 // positions. The V rows from the new position on are zeros instead (their K rows are never read):
 // P x V then reads every row of the tile at a fixed offset (their weights are 0, or the new
 // row's, whose product with this token's v is added after).
-// ROWS: 1 the K rows only, 2 the V rows only, 3 both.
-template <int ROWS = 3>
 __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const float* vbase, int tile0,
                                                int ntiles, int L, float* tiles) {
     const int pos = L - 1;
@@ -38,9 +36,9 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
         const int p = (tile0 + k) * 32 + r;
         float* kt = tiles + k * TILE_F;
         if (p < pos) {  // the new position comes from shared memory (this token's k and v)
-            if (ROWS & 1) kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
-            if (ROWS & 2) kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
-        } else if (ROWS & 2) {
+            kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
+            kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
+        } else {
             *reinterpret_cast<float4*>(kt + 32 * KT + r * D + 4 * c4) = make_float4(0.f, 0.f, 0.f, 0.f);
         }
     }
@@ -54,54 +52,6 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     att_load_tiles(c, att_cache(c.P->kc, c.P, l, a.g), att_cache(c.P->vc, c.P, l, a.g), a.t0, min(TBR, a.t1 - a.t0),
                    pos + 1, att_stage(c, 0));
     c.st.tiles_group = c.st.groups;
-}
-
-// OFOLD: every block's K/V tiles of the whole context (its query head's kv head) and its rows of
-// W_O[:, head]. A block moves ~120 GB/s from L2, and the copies' issue waits on that: so a layer's
-// are issued in two parts, each inside a wait of the layer before (ROWS: 1 the K rows, 2 the V rows
-// and the O rows, 3 all: at a token's first layer, at its start).
-__device__ __forceinline__ float* fold_tiles(const Ctx& c) { return c.sm + FOLD_T0; }
-__device__ __forceinline__ uint4* fold_w(const Ctx& c) { return reinterpret_cast<uint4*>(c.sm + FOLD_W0); }
-__device__ __forceinline__ int fold_ntile(int pos) { return min((pos + 32) / 32, FOLD_TILES); }
-template <int ROWS>
-__device__ __forceinline__ void fold_prefetch(Ctx& c, int l, int pos) {
-    const int h = fold_head(c.b), g = h / G, r0 = fold_row0(c.b), nr = fold_row1(c.b) - r0;
-    const uint4* const wo = reinterpret_cast<const uint4*>(c.P->w + l * LSTRIDE + OFF_O + h * D);  // row r at r QD / 8
-    if (ROWS & 2)
-        for (int q = c.tid; q < nr * FOLD_PARTS; q += NTHR) {
-            const int r = q / FOLD_PARTS;
-            kog_cp_async16(fold_w(c) + q, wo + (long long)(r0 + r) * (QD / 8) + (q - r * FOLD_PARTS));
-        }
-    att_load_tiles<ROWS>(c, att_cache(c.P->kc, c.P, l, g), att_cache(c.P->vc, c.P, l, g), 0, fold_ntile(pos), pos + 1,
-                         fold_tiles(c));
-    c.st.tiles_group = c.st.groups;
-}
-
-// OFOLD: a block's O rows change the stream that every block's next norm reads, and its attention
-// needs the q/k/v of a few blocks only; so the warps the q/k/v gather leaves idle wait for the whole
-// QKV product too, which every block publishes only once it has read the layer's input.
-constexpr int WIT_LANES = (NW - 3) * KOG_WAVE;
-constexpr int WIT_N = (NQKV + WIT_LANES - 1) / WIT_LANES;  // words a lane
-static_assert(!OFOLD || (NW > 3 && WIT_N <= 32), "the QKV product's words, by the idle warps");
-__device__ bool fold_witness(const Ctx& c, int wi, unsigned tag) {
-    const int first = wi * KOG_WAVE + c.lane;
-    const kog_u64* const words = c.P->qkv + first;  // (once: each tagged load's memory clobber would re-read it)
-    unsigned pending = 0;
-#pragma unroll
-    for (int i = 0; i < WIT_N; ++i)
-        if (first + i * WIT_LANES < NQKV) pending |= 1u << i;
-    kog_u64 t0 = 0;
-    for (int it = 1;; ++it) {
-        kog_u64 w[WIT_N];
-#pragma unroll
-        for (int i = 0; i < WIT_N; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(words + i * WIT_LANES);
-#pragma unroll
-        for (int i = 0; i < WIT_N; ++i)
-            if (((pending >> i) & 1u) && tag_ready(w[i], tag)) pending &= ~(1u << i);
-        if (!kog_wave_any(pending)) return true;
-        if (!poll_again(c, it, t0, tag)) return false;
-    }
 }
 
 // Where a kv head's (or head group's) tiles span several units, every unit publishes its (acc,
@@ -231,21 +181,14 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     return ok;
 }
 
-// SOLO (OFOLD): the block's own query head over every tile, in one round; its output (normalized)
-// lands in shared memory at c.sm for the block's O rows (decode.cu fold_o_add).
-template <bool SOLO = false>
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
     const int L = pos + 1;
     AttUnit a;
-    if (SOLO) a = {fold_head(c.b) / G, fold_head(c.b) % G, 1, 0, 1, 0, fold_ntile(pos)};
-    else if (!att_unit_of(c.b, pos, a)) return true;  // block-uniform: this block has no unit
+    if (!att_unit_of(c.b, pos, a)) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0;
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
-    // (with has_new) one unit per kv head appends this token's k and v to the cache (SOLO: the first
-    // block of the kv head's first query head)
-    const bool writes_kv = SOLO ? c.b < NH && h0 == 0 : h0 == 0;
-    constexpr int TPR = SOLO ? FOLD_TILES : TBR;  // tiles a round
+    const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head appends this token's k and v to the cache
     const int lane = c.lane, warp = c.warp;
     const int hq = warp % gh, kslot = warp / gh;  // this warp's query head (of the unit's gh) and tile slot
     trace_att(c, l, u, 0);
@@ -257,7 +200,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
     float* kbase = att_cache(P->kc, P, l, g);
     float* vbase = att_cache(P->vc, P, l, g);
-    if (!SOLO && !ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, att_stage(c, 0));
+    if (!ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, att_stage(c, 0));
 
     // this token's q/k/v, straight from the tagged words the QKV phase wrote
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
@@ -309,8 +252,6 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
                 for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
             }
         }
-    } else if (SOLO && warp >= gh + 2) {
-        ok = fold_witness(c, warp - gh - 2, epoch_qkv);
     }
     if (!__syncthreads_and(ok)) return false;
     trace_att(c, l, u, 2);
@@ -319,20 +260,20 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
     for (int i = 0; i < DL; ++i) acc[i] = 0.f;
     const float* q = qs + hq * D;
-    for (int r0 = t0, k = 0; r0 < t1; r0 += TPR, ++k) {
-        float* round_tiles = SOLO ? fold_tiles(c) : att_stage(c, k % ATT_STAGES);
+    for (int r0 = t0, k = 0; r0 < t1; r0 += TBR, ++k) {
+        float* round_tiles = att_stage(c, k % ATT_STAGES);
         // the next round's tiles: with two stages, into the other stage now (its last reader
         // passed the barrier that ended the previous round); with one, this round's, only now
-        const bool ahead = !SOLO && ATT_STAGES == 2 && r0 + TBR < t1;
+        const bool ahead = ATT_STAGES == 2 && r0 + TBR < t1;
         if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), L, att_stage(c, (k + 1) % 2));
-        else if (!SOLO && ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, round_tiles);
-        if ((SOLO || ATT_EARLY) && k == 0) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.tiles_group);  // not the ring's refills
+        else if (ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, round_tiles);
+        if (ATT_EARLY && k == 0) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.tiles_group);  // not the ring's refills
         else if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
         else kog_cp_async_wait_all();
         __syncthreads();
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
-        if (kslot < TPR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
+        if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
             // Straight-line code, no branches per position. Row jn is the new position (the last
             // of the context) when this tile holds it: its k comes from shared memory (ks), its v
             // after the tile's rows; rows past the context get weight 0 (exact zeros below).
@@ -393,7 +334,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
     __syncthreads();
     // the warps of a head with a tile slot (slots past TBR took no tile)
-    constexpr int SLOTS = SOLO ? FOLD_TILES : ATT_RMAX > 0 ? TBR : NW / G;
+    constexpr int SLOTS = ATT_RMAX > 0 ? TBR : NW / G;
     if (warp < gh) {
         const float mw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
         const float lw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
@@ -409,10 +350,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
-        if (SOLO) {  // (qs: the query, read no more)
-#pragma unroll
-            for (int i = 0; i < DL; ++i) qs[lane + 32 * i] = o[i] / Ls;
-        } else if (nbc == 1) {
+        if (nbc == 1) {
             kog_u64* const attn_out = P->attn + (g * G + h0 + warp) * D;
 #pragma unroll
             for (int i = 0; i < DL; ++i) kog_st_tagged(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);

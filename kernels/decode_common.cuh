@@ -76,12 +76,6 @@
 #ifndef KOG_ICACHE_LAYER_KB  // ... run once a layer by the blocks without attention work, while the attention runs
 #define KOG_ICACHE_LAYER_KB 0
 #endif
-#ifndef KOG_OFOLD  // O folded into the attention (OFOLD below): 0 no, 1 yes
-#define KOG_OFOLD 0
-#endif
-#ifndef KOG_FOLD_R  // OFOLD: blocks a query head (FOLD_R below)
-#define KOG_FOLD_R 3
-#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -243,22 +237,6 @@ constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT
                        : dn_split_of(INTER, H) ? dn_split_of(INTER, H) : dn_split_of(INTER, 64 * NTHR);
 constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
 static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
-// OFOLD: O folded into the attention. Blocks 0 .. NH FOLD_R - 1 run one query head's attention over
-// the whole context each (fold_head; FOLD_R blocks a head, each loading its kv head's K/V tiles),
-// and add their rows of W_O[:, head] . attention (fold_row0 .. fold_row1 - 1 of the head's H) to the
-// residual stream's summed words: no hop from the attention to O, and no O phase. Up to FOLD_TILES
-// tiles, where every tile of the context fits shared memory beside the ring.
-constexpr bool OFOLD = KOG_OFOLD != 0;
-constexpr int FOLD_R = KOG_FOLD_R;
-__host__ __device__ __forceinline__ constexpr bool fold_att(int b) { return b < NH * FOLD_R; }
-__host__ __device__ __forceinline__ constexpr int fold_head(int b) { return b % NH; }
-__host__ __device__ __forceinline__ constexpr int fold_row_at(int b, int end) { return H * (b / NH + end) / FOLD_R; }
-__host__ __device__ __forceinline__ constexpr int fold_row0(int b) { return fold_row_at(b, 0); }
-__host__ __device__ __forceinline__ constexpr int fold_row1(int b) { return fold_row_at(b, 1); }
-constexpr int FOLD_MAXR = (H + FOLD_R - 1) / FOLD_R;  // rows of a block at most
-constexpr int FOLD_PARTS = D / 8;  // 16-byte weight vectors of a row of W_O[:, head]
-static_assert(!OFOLD || (FOLD_R >= 1 && NH * FOLD_R <= NBLK && NTHR % FOLD_PARTS == 0 && FOLD_PARTS <= KOG_WAVE),
-              "the fold's blocks, a row's vectors in one wave");
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");
@@ -531,7 +509,7 @@ constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
 // slots were a quarter empty, and the room freed takes a fifth stash granule per warp (PERF.md v34:
 // +0.5%; SmolLM2, which stashes nothing, measured -0.3% with 1.5 KB slots, within noise: left at 2 KB).
 constexpr int SLOT = KOG_SLOT_U > 0 ? KOG_SLOT_U * KOG_WAVE
-                   : LAYER_IN_RING && !OFOLD ? SLOT_MAX : cmax(cmax(MQKV::U, MO::U), cmax(cmax(MGU::U, MDN::U), MLM::U)) * KOG_WAVE;
+                   : LAYER_IN_RING ? SLOT_MAX : cmax(cmax(MQKV::U, MO::U), cmax(cmax(MGU::U, MDN::U), MLM::U)) * KOG_WAVE;
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weights in flight
 // The stash (decode_ring.cuh stash_fill): STASH more granules per warp of gate/up, issued once a
 // block's attention work is done, and of down (STASH_DN), issued once gate/up is done, into shared
@@ -566,16 +544,7 @@ constexpr int XS_GAP_A = (XHALF - XS_GAP0) / XS_SLOT_F;  // whole slots in the f
 constexpr int XS_GAP_B = (MV_X - XHALF - XS_GAP0) / XS_SLOT_F;  // ... the second half's
 constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
 constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
-// OFOLD: the block's K/V tiles of the whole context past the products' region (they land while the
-// block waits for its QKV input and runs QKV), then its rows of W_O[:, head] (bf16). As many tiles
-// as fit beside the ring (the ring's slots then the shape's widest granule).
-constexpr int FOLD_T0 = (cmax(SM_MV, ATT_TILES) + 31) / 32 * 32;
-constexpr int FOLD_W_F = FOLD_MAXR * D / 2;  // floats of the block's O rows
-constexpr int FOLD_TILES = OFOLD ? cmin(NW, (SMEM_LIMIT / 4 - RING_BYTES / 4 - FOLD_T0 - FOLD_W_F - SMEM_ALIGN / 4) / TILE_F) : 0;
-constexpr int FOLD_W0 = FOLD_T0 + FOLD_TILES * TILE_F;
-constexpr int SM_FOLD = OFOLD ? FOLD_W0 + FOLD_W_F : 0;
-static_assert(!OFOLD || FOLD_TILES >= 2, "the fold's tiles fit shared memory");
-constexpr int SM_FLOATS = (cmax(cmax(cmax(cmax(SM_MV, SM_ATTN), SM_FOLD), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
+constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");

@@ -20,7 +20,6 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
     else if (s.mat == MAT_LM) s.mat = MAT_QKV, s.layer = 0;
     else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
     else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
-    else if (OFOLD && s.mat == MAT_QKV) s.mat = MAT_GU;  // the attention blocks load their O rows themselves
     else ++s.mat;
     s.src = stream_source(s.mat, s.layer, w, b, s.lm8);
     s.g = warp;

@@ -212,41 +212,28 @@ struct TagWord {  // how a consumer reads a tagged word
 // watchdog: so the stream after O is kept within SUM_X_MAX and a slice's part within SUM_PART_MAX
 // (NaN and inf land on a bound: garbage tokens, as before, not a hang). Both lie far above any
 // model's residual stream and down's outputs.
-// OFOLD: every query head's attention blocks add their rows of O (NH adds a word and layer), and the
-// blocks of head 0 the stream's own corrections with theirs: the embedding row at a token's first layer,
-// elsewhere the stream's clamp to SUM_X_MAX (they read their rows in every norm before).
 constexpr int SUM_FRAC = 28;
 constexpr float SUM_X_MAX = 33554432.0f;  // 2^25
 constexpr float SUM_PART_MAX = 524288.0f;  // 2^19
-constexpr int O_ADDS = OFOLD ? NH : 1;  // adds of O a word takes a layer
-constexpr bool SUMMED = DN_SPLIT > 1 || OFOLD;  // the residual stream lives in summed words
-static_assert(SUM_X_MAX + 2.0f * (DN_SPLIT + O_ADDS) * SUM_PART_MAX < 134217728.0f, "a word's every state fits its field");
+static_assert(SUM_X_MAX + 2.0f * DN_SPLIT * SUM_PART_MAX < 134217728.0f, "a word's every state fits its field");
 __device__ __forceinline__ long long sum_fixed(float v, float lim) {
     return __float2ll_rn(fminf(fmaxf(v, -lim), lim) * (float)(1 << SUM_FRAC));
 }
 __device__ __forceinline__ float sum_float(long long v) { return (float)v * (1.0f / (float)(1 << SUM_FRAC)); }
 __device__ __forceinline__ kog_u64 sum_add(long long d) { return (1ull << 56) + (kog_u64)d; }  // one add of d
 // What a summed word reads after `layers` layers of this launch: O and every slice add once a layer.
-// (OFOLD: o_adds = O_ADDS reads it after the next layer's O adds too)
-__device__ __forceinline__ unsigned sum_tag(int layers, int o_adds = 0) {
-    return (unsigned)(layers * (DN_SPLIT + O_ADDS) + o_adds) & 255u;
-}
-// The block's rows of the residual stream (O's rows; OFOLD: head 0's blocks' O rows) in fixed point,
-// as its last norm read them: their owners add their change against this value.
-constexpr int XFIX_ROWS = OFOLD ? FOLD_MAXR : MO::MAXR;
-__shared__ long long kog_xfix[XFIX_ROWS];
-__device__ __forceinline__ int xfix_row0(int b) { return OFOLD ? fold_row0(b) : MO::row0(b); }
-__device__ __forceinline__ int xfix_rows(int b) {
-    return OFOLD ? (fold_att(b) && fold_head(b) == 0 ? fold_row1(b) - fold_row0(b) : 0) : MO::row1(b) - MO::row0(b);
-}
+__device__ __forceinline__ unsigned sum_tag(int layers) { return (unsigned)(layers * (DN_SPLIT + 1)) & 255u; }
+// The block's rows of the residual stream (O's rows) in fixed point, as its last norm read them:
+// O's owners add their change against this value.
+__shared__ long long kog_xfix[MO::MAXR];
 struct SumWord {  // how a consumer reads a summed word
     __device__ static long long fixed(kog_u64 w) { return (long long)(w << 8) >> 8; }
     __device__ static unsigned tag(kog_u64 w) { return (unsigned)((w + (1ull << 55)) >> 56); }
     __device__ static float value(kog_u64 w) { return sum_float(fixed(w)); }
     // element e of the vector was read as w: the block's own rows keep their exact value
     __device__ static void seen(int e, kog_u64 w, int b) {
-        const int r = e - xfix_row0(b);
-        if (r >= 0 && r < xfix_rows(b)) kog_xfix[r] = fixed(w);
+        const int r = e - MO::row0(b);
+        if (r >= 0 && r < MO::row1(b) - MO::row0(b)) kog_xfix[r] = fixed(w);
     }
 };
 

@@ -27,13 +27,11 @@
 typedef unsigned long long kog_u64;
 
 // ---- waves -------------------------------------------------------------------------------
-template <int N>  // the sum over each aligned group of N lanes (N a power of two, at most the wave)
-__device__ __forceinline__ float kog_group_sum(float v) {
+__device__ __forceinline__ float kog_wave_sum(float v) {
 #pragma unroll
-    for (int m = N / 2; m > 0; m >>= 1) v += __shfl_xor_sync(KOG_FULL_MASK, v, m);
+    for (int m = KOG_WAVE / 2; m > 0; m >>= 1) v += __shfl_xor_sync(KOG_FULL_MASK, v, m);
     return v;
 }
-__device__ __forceinline__ float kog_wave_sum(float v) { return kog_group_sum<KOG_WAVE>(v); }
 // The maximum in one instruction (redux.sync, sm_80 on): integer keys that order like the floats
 // (negative floats' magnitude bits flipped; the map is its own inverse). Exact, like fmaxf.
 __device__ __forceinline__ float kog_wave_max(float v) {
