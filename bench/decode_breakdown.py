@@ -119,7 +119,8 @@ VARIANTS = {
     "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll
-    "att-early-3": {"KOG_ATT_EARLY": "3"},  # ... the next layer's after O's product (no stash)
+    "att-early-2": {"KOG_ATT_EARLY": "2"},  # ... before the layer's input poll (the default where blocks stash)
+    "att-early-3": {"KOG_ATT_EARLY": "3"},  # ... the next layer's after O's product (the default where none does)
     "att-early-4": {"KOG_ATT_EARLY": "4"},  # ... the next layer's after gate/up's product (no stash)
     "lane-sums-0": {"KOG_LANE_SUMS": "0"},  # every granule's sum by shuffles (no per-lane sums)
     "lane-sums-2": {"KOG_LANE_SUMS": "2"},  # per-lane sums only in products of up to 2 granules per warp (v24)

@@ -190,7 +190,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (KOG_ATT_EARLY == 2 || (KOG_ATT_EARLY >= 3 && l == 0)) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
+        if (ATT_EARLY_AT == 2 || (ATT_EARLY_AT >= 3 && l == 0)) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
@@ -199,7 +199,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
         }
-        if (KOG_ATT_EARLY == 1) att_prefetch(c, l, pos);
+        if (ATT_EARLY_AT == 1) att_prefetch(c, l, pos);
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
             __syncthreads();
@@ -241,7 +241,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         }
         if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
         end_phase(c);
-        if (KOG_ATT_EARLY == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
+        if (ATT_EARLY_AT == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
         // --- gate/up + SiLU
         if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
         trace_event(c);
@@ -258,7 +258,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
-        if (KOG_ATT_EARLY == 4 && l + 1 < NL) att_prefetch(c, l + 1, pos);
+        if (ATT_EARLY_AT == 4 && l + 1 < NL) att_prefetch(c, l + 1, pos);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice

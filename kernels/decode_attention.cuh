@@ -12,9 +12,9 @@
 // max, sum) records as tagged words, which the units merge a head each (att_merge; no counter,
 // no fence), or, where a head spans at most CM_MAX units, every block as it stages O's input
 // (stage_attn_merged).
-// With ATT_EARLY the unit's first round of tiles is issued at the layer's start (att_prefetch),
-// before its QKV input is polled, so that it lands during that hop and the QKV product instead
-// of delaying the q/k/v gather.
+// With ATT_EARLY the unit's first round of tiles is issued ahead (att_prefetch, ATT_EARLY_AT: at the
+// layer's start, before its QKV input is polled, or where no stash takes the room, after the layer
+// before's O product), so that it lands before the attention instead of delaying the q/k/v gather.
 
 __device__ __forceinline__ float* att_stage(const Ctx& c, int s) {  // stage s of the K/V tiles
     return c.sm + ATT_T0 + (ATT_STAGES - 1 - s) * (TBR * TILE_F);
@@ -45,7 +45,7 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
     commit_group(c);
 }
 
-// ATT_EARLY: the unit's first round of tiles, issued at the layer's start.
+// ATT_EARLY: the unit's first round of tiles of layer l, issued ahead of its attention (forward()).
 __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     AttUnit a;
     if (!ATT_EARLY || !att_unit_of(c.b, pos, a)) return;  // block-uniform

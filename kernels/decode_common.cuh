@@ -60,10 +60,10 @@
 #ifndef KOG_DN_SPLIT  // timing experiments: DN_SPLIT below forced to this (-1: by shape; 1: down unsplit)
 #define KOG_DN_SPLIT -1
 #endif
-#ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles:
-#define KOG_ATT_EARLY 2  // 2 before the layer's QKV input is polled, 1 after that (before the QKV
-#endif                   // product), 0 at the attention's start; 3 the next layer's after O's product, 4 after
-                         // gate/up's (a token's first layer's at its start, as 2; no stash: it holds that room)
+#ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles (ATT_EARLY_AT
+#define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
+#endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
+                          // (a token's first layer's at its start, as 2); -1 by shape
 #ifndef KOG_REC_PAD  // the attention records in P->part padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
 #define KOG_REC_PAD -1  // below): where O's gather merges the units, whose loads of a record's max and sum then
                         // stay off the next record's line (PERF.md sessions 33-34)
@@ -487,7 +487,7 @@ constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
 // while the block still waits for its QKV input and runs the QKV product (att_prefetch).
 constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
-static_assert(KOG_ATT_EARLY >= 0 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: 0 .. 4 (forward() issues the tiles)");
+static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
 constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
@@ -551,7 +551,14 @@ constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
 static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
-static_assert(KOG_ATT_EARLY < 3 || !STASH, "the next layer's tiles land where the stash would");
+// Where an attention block issues its first round of K/V tiles (KOG_ATT_EARLY's codes). A block moves
+// ~120 GB/s from L2, and issuing copies waits on that: issued before the layer's input poll (2), the
+// tiles kept that poll waiting (the attention blocks entered the norm ~0.7 us late, PERF.md v32); issued
+// after the layer before's O product (3), inside the hop to gate/up, where every block waits anyway:
+// SmolLM2 +1.0 to +2.3% at 32- and 1,000-token prompts (session 47). Where blocks stash (the big shapes)
+// the stash holds that room from then on: 2.
+constexpr int ATT_EARLY_AT = KOG_ATT_EARLY >= 0 ? KOG_ATT_EARLY : STASH ? 2 : 3;
+static_assert(ATT_EARLY_AT < 3 || !STASH, "the next layer's tiles land where the stash would");
 static_assert(SMEM_BYTES <= SMEM_LIMIT, "shared memory per block");
 
 // The weight ring's state (the ring itself: decode_ring.cuh).
