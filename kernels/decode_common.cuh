@@ -485,7 +485,8 @@ constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, M
 constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
-// while the block still waits for its QKV input and runs the QKV product (att_prefetch).
+// while the block still waits for its QKV input and runs the QKV product (att_prefetch; with
+// ATT_EARLY_AT 3, while it runs the layer before's gate/up and down too).
 constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
 static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
@@ -553,7 +554,7 @@ static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "
 static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
 // Where an attention block issues its first round of K/V tiles (KOG_ATT_EARLY's codes). A block moves
 // ~120 GB/s from L2, and issuing copies waits on that: issued before the layer's input poll (2), the
-// tiles kept that poll waiting (the attention blocks entered the norm ~0.7 us late, PERF.md v32); issued
+// tiles kept that poll waiting (the attention blocks entered the norm ~0.7 us late: PERF.md, Next 00b (d)); issued
 // after the layer before's O product (3), inside the hop to gate/up, where every block waits anyway:
 // SmolLM2 +1.0 to +2.3% at 32- and 1,000-token prompts (session 47). Where blocks stash (the big shapes)
 // the stash holds that room from then on: 2.
