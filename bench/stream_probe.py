@@ -17,12 +17,14 @@ through the kernel's own ring structure (per-warp slots of 2 KB granules, each g
 before its slot is refilled, or the refill first; alone, and with a 13th warp chasing pointers
 meanwhile: the round trip a product's stream imposes), then through a pool of slots that one
 producer warp fills against a budget of bytes in flight (PERF.md session 17: one warp's 16-byte
-copies cannot feed a block), and last what an L2 round trip costs the
+copies cannot feed a block; session 48: nor can one lane's bulk copies of 2 KB granules), and last
+what an L2 round trip costs the
 critical path while the grid streams: one lane per block chases pointers through an L2-resident
 ring while the block's other warps keep 11-132 KB in flight, in every block or in every other
 block only (is the wait in the block's own memory pipeline, or shared in L2?).
 
-    python bench/stream_probe.py
+    python bench/stream_probe.py                  # everything
+    python bench/stream_probe.py --producer-only  # the kernel's ring against a producer of every copy
 """
 
 from __future__ import annotations
@@ -259,7 +261,9 @@ __device__ __forceinline__ void mbar_arrive(u64* m) {
     asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" :: "r"(smem_addr(m)) : "memory");
 }
 // GROUPS 0: the copies tracked by cp.async.mbarrier.arrive.noinc, `budget` granules in flight at
-// most; GROUPS n: by commit groups, n in flight at most (cp.async.wait_group n - 1 after each).
+// most; GROUPS n: by commit groups, n in flight at most (cp.async.wait_group n - 1 after each);
+// GROUPS -1: one bulk copy a granule issued by the producer's lane 0, completing on the slot's `full`
+// barrier (expect_tx), `budget` granules in flight at most: the compute warps issue nothing.
 // solo: no consumers, the producer overwrites its slots unread (its own issue rate).
 template <int GROUPS>
 __device__ void budget_phase(const uint4* src, long long per_block, int budget, bool suspend, bool solo, long long region, int reps,
@@ -269,10 +273,11 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
     __shared__ volatile int done;
     __shared__ __align__(8) u64 full[NSLOT], empty[NSLOT];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + 1) * 32;
+    constexpr bool BULK = GROUPS < 0;
     if (threadIdx.x == 0) {
         done = 0;
         for (int s = 0; s < NSLOT; ++s) {
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;" :: "r"(smem_addr(full + s)) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smem_addr(full + s)), "r"(BULK ? 1 : 32) : "memory");
             asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(empty + s)) : "memory");
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
@@ -290,7 +295,7 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
                 const long long kk = k0 + k;
                 const int s = (int)(kk % NSLOT);
                 const unsigned lap = (unsigned)(kk / NSLOT);
-                if (GROUPS) {  // each lane arrives on a granule's `full` once its own copies of it have landed
+                if (GROUPS > 0) {  // each lane arrives on a granule's `full` once its own copies of it have landed
                     if (lap > 0 && !solo && !mbar_test(empty + s, (lap - 1) & 1u)) {  // the consumers may wait for what landed
                         asm volatile("cp.async.wait_all;" ::: "memory");
                         for (; landed < kk; ++landed) mbar_arrive(full + landed % NSLOT);
@@ -299,9 +304,21 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
                     for (; kk - landed >= budget; ++landed) mbar_wait(full + landed % NSLOT, (unsigned)(landed / NSLOT) & 1u, err, suspend);
                 }
                 if (lap > 0 && !solo) mbar_wait(empty + s, (lap - 1) & 1u, err, suspend);  // the slot's last granule is taken
+                if (BULK) {
+                    if (lane == 0) {
+                        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+                                     :: "r"(smem_addr(full + s)), "r"(SLOT * 16) : "memory");
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+                                     " [%0], [%1], %2, [%3], %4;"
+                                     :: "r"(smem_addr(pool + s * SLOT)), "l"(base + (long long)k * SLOT), "r"(SLOT * 16),
+                                        "r"(smem_addr(full + s)), "l"(policy) : "memory");
+                    }
+                    __syncwarp();
+                    continue;
+                }
 #pragma unroll
                 for (int i = 0; i < 4; ++i) copy16(pool + s * SLOT + i * 32 + lane, base + (long long)k * SLOT + i * 32 + lane, policy);
-                if (GROUPS) {
+                if constexpr (GROUPS > 0) {
                     asm volatile("cp.async.commit_group;" ::: "memory");
                     asm volatile("cp.async.wait_group %0;" :: "n"(GROUPS - 1) : "memory");  // the budget
                     for (; kk - landed >= GROUPS - 1 && landed <= kk; ++landed) mbar_arrive(full + landed % NSLOT);
@@ -309,7 +326,7 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
                     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" :: "r"(smem_addr(full + s)) : "memory");
                 }
             }
-            if (GROUPS) {
+            if (GROUPS > 0) {
                 asm volatile("cp.async.wait_all;" ::: "memory");
                 for (; landed < k0 + ngran; ++landed) mbar_arrive(full + landed % NSLOT);
             }
@@ -334,6 +351,11 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
     int suspend, long long region, int reps, unsigned* counter, u64* out, unsigned* err, const unsigned* chase, u64* lat) { \
     budget_phase<G>(src, per_block, budget, suspend == 1, suspend == 2, region, reps, counter, out, err, chase, lat); }
 BUDGET(0) BUDGET(8) BUDGET(16) BUDGET(24) BUDGET(32)
+extern "C" __global__ void budget_phase_bulk(const uint4* src, long long per_block, int budget, int suspend,
+                                             long long region, int reps, unsigned* counter, u64* out, unsigned* err,
+                                             const unsigned* chase, u64* lat) {
+    budget_phase<-1>(src, per_block, budget, suspend == 1, suspend == 2, region, reps, counter, out, err, chase, lat);
+}
 
 // What a round trip to L2 costs the critical path while the weights stream: in every block,
 // warps 1.. stream their block's run of the buffer through a ring of S 16-byte copies per thread,
@@ -424,8 +446,37 @@ class RingPhases:
         return phase_times(out.get(), reps, nsm)[0]
 
 
+def producer_phases(mod, phases, smem: int, thr: int, err) -> None:
+    """SmolLM2's layer share and two of Llama's products through the kernel's ring (12 warps refilling their own
+    slots) against a producer that issues every copy (one warp's 16-byte copies, or one lane's bulk copies), the
+    12 compute warps issuing none; a chasing warp beside each measures an L2 round trip meanwhile."""
+    kr = mod.get_function("ring_phase4")
+    kr.max_dynamic_shared_size_bytes = smem
+    for name, share in (("SmolLM2 layer", 55296),) + SHARES[:1] + SHARES[2:3]:
+        per = share // 16 // 128 * 128  # whole 2 KB granules
+        line = phases(kr, per, (np.int32(1), np.int32(0)), thr + 32, True)
+        print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, math, refill after it: {line}")
+        for kernel, budget, suspend, how in (("budget_phase_0", 48, 1, "16-byte copies"),
+                                             ("budget_phase_bulk", 48, 0, "bulk, waits spin"),
+                                             ("budget_phase_bulk", 48, 1, "bulk, waits suspend"),
+                                             ("budget_phase_bulk", 16, 1, "bulk, waits suspend")):
+            kb = mod.get_function(kernel)
+            kb.max_dynamic_shared_size_bytes = smem
+            err.fill(0)
+            line = phases(kb, per, (np.int32(budget), np.int32(suspend)), thr + 64, True, (err,))
+            print(f"{name:16s} {per * 16 // 1024:4d} KB a block, producer, {how:19s}, {budget * 2:2d} KB in flight at most: "
+                  f"{line}" + (f"; {int(err.get()[0])} waits gave up" if int(err.get()[0]) else ""))
+
+
 def main() -> None:
+    import argparse
+
     import cupy as cp
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--producer-only", action="store_true",
+                    help="only the kernel's ring against a producer (16-byte copies or bulk copies), with a chasing warp")
+    args = ap.parse_args()
 
     mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
     fn = mod.get_function("phase_stream")
@@ -461,6 +512,7 @@ def main() -> None:
 
     chase = l2_ring(cp)
     lat = cp.zeros(nsm, dtype=cp.uint64)
+    err = cp.zeros(1, dtype=cp.uint32)
 
     def phases(kernel, per: int, args: tuple, threads: int = thr, chased: bool | None = None, extra: tuple = ()) -> str:
         """Up to 64 phases of `per` vectors a block on fresh memory; the first four warm up. A
@@ -479,6 +531,9 @@ def main() -> None:
                 f"{work:6.2f}, slowest {slowest:6.2f}, spread of starts {starts:4.2f}"
                 + (f"; L2 round trip meanwhile {np.median(lat.get()):5.0f} ns" if chased else ""))
 
+    if args.producer_only:
+        producer_phases(mod, phases, smem, thr, err)
+        return
     for name, share in SHARES:
         per = share // 16 // thr * thr  # whole ring rounds
         for layout, log_chunk in (("runs", 0), ("interleaved 2 KB", 7), ("interleaved 8 KB", 9), ("runs", 0)):
@@ -494,7 +549,6 @@ def main() -> None:
                 line = phases(kr, per, (np.int32(math), np.int32(early)), thr + 32 * chased, chased)
                 print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, {label:22s}: {line}")
     # the same phases fed by a producer warp against a budget of granules in flight, a chasing warp beside
-    err = cp.zeros(1, dtype=cp.uint32)
     for name, share in SHARES[:3]:
         per = share // 16 // 128 * 128
         for groups, budget, suspend in ((0, 16, 0), (0, 16, 1), (0, 48, 1), (8, 8, 1), (16, 16, 1), (32, 32, 1), (8, 8, 2),
