@@ -264,16 +264,18 @@ __device__ __forceinline__ void mbar_arrive(u64* m) {
 // most; GROUPS n: by commit groups, n in flight at most (cp.async.wait_group n - 1 after each);
 // GROUPS -1: one bulk copy a granule issued by the producer's lane 0, completing on the slot's `full`
 // barrier (expect_tx), `budget` granules in flight at most: the compute warps issue nothing.
-// solo: no consumers, the producer overwrites its slots unread (its own issue rate).
-template <int GROUPS>
+// solo: no consumers, the producer overwrites its slots unread (its own issue rate). NPROD producer warps
+// (GROUPS 0 only past one) take granules k = p, p + NPROD, ... each.
+template <int GROUPS, int NPROD = 1>
 __device__ void budget_phase(const uint4* src, long long per_block, int budget, bool suspend, bool solo, long long region, int reps,
                              unsigned* counter, u64* out, unsigned* err, const unsigned* chase, u64* lat) {
     extern __shared__ __align__(16) uint4 pool[];
     __shared__ volatile float red[4096];
     __shared__ volatile int done;
     __shared__ __align__(8) u64 full[NSLOT], empty[NSLOT];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + 1) * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, workers = (NWC + NPROD) * 32;
     constexpr bool BULK = GROUPS < 0;
+    static_assert(NPROD == 1 || GROUPS == 0, "several producers: mbarrier arrivals only");
     if (threadIdx.x == 0) {
         done = 0;
         for (int s = 0; s < NSLOT; ++s) {
@@ -283,15 +285,16 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (warp > NWC) return chase_while(&done, chase, lat);
+    if (warp >= NWC + NPROD) return chase_while(&done, chase, lat);
     const int ngran = (int)(per_block / SLOT);
     const u64 policy = evict_first();
     const GranuleInputs x(lane);
     each_phase(src, per_block, region, reps, counter, out, workers, [&](int rep, const uint4* base) {
         const long long k0 = (long long)rep * ngran;
-        if (warp == NWC) {  // the producer
-            long long landed = k0;  // the oldest granule not yet seen landed
-            for (int k = 0; k < ngran; ++k) {
+        if (warp >= NWC) {  // a producer
+            const int p = warp - NWC;
+            long long landed = k0 + p;  // the oldest of its granules not yet seen landed
+            for (int k = p; k < ngran; k += NPROD) {
                 const long long kk = k0 + k;
                 const int s = (int)(kk % NSLOT);
                 const unsigned lap = (unsigned)(kk / NSLOT);
@@ -301,7 +304,8 @@ __device__ void budget_phase(const uint4* src, long long per_block, int budget, 
                         for (; landed < kk; ++landed) mbar_arrive(full + landed % NSLOT);
                     }
                 } else {
-                    for (; kk - landed >= budget; ++landed) mbar_wait(full + landed % NSLOT, (unsigned)(landed / NSLOT) & 1u, err, suspend);
+                    for (; kk - landed >= budget; landed += NPROD)
+                        mbar_wait(full + landed % NSLOT, (unsigned)(landed / NSLOT) & 1u, err, suspend);
                 }
                 if (lap > 0 && !solo) mbar_wait(empty + s, (lap - 1) & 1u, err, suspend);  // the slot's last granule is taken
                 if (BULK) {
@@ -355,6 +359,11 @@ extern "C" __global__ void budget_phase_bulk(const uint4* src, long long per_blo
                                              long long region, int reps, unsigned* counter, u64* out, unsigned* err,
                                              const unsigned* chase, u64* lat) {
     budget_phase<-1>(src, per_block, budget, suspend == 1, suspend == 2, region, reps, counter, out, err, chase, lat);
+}
+extern "C" __global__ void budget_phase_0x2(const uint4* src, long long per_block, int budget, int suspend,
+                                            long long region, int reps, unsigned* counter, u64* out, unsigned* err,
+                                            const unsigned* chase, u64* lat) {
+    budget_phase<0, 2>(src, per_block, budget, suspend == 1, suspend == 2, region, reps, counter, out, err, chase, lat);
 }
 
 // What a round trip to L2 costs the critical path while the weights stream: in every block,
@@ -457,13 +466,15 @@ def producer_phases(mod, phases, smem: int, thr: int, err) -> None:
         line = phases(kr, per, (np.int32(1), np.int32(0)), thr + 32, True)
         print(f"{name:16s} {per * 16 // 1024:4d} KB a block, kernel's ring, math, refill after it: {line}")
         for kernel, budget, suspend, how in (("budget_phase_0", 48, 1, "16-byte copies"),
+                                             ("budget_phase_0x2", 48, 1, "two warps' 16-byte"),
                                              ("budget_phase_bulk", 48, 0, "bulk, waits spin"),
                                              ("budget_phase_bulk", 48, 1, "bulk, waits suspend"),
                                              ("budget_phase_bulk", 16, 1, "bulk, waits suspend")):
             kb = mod.get_function(kernel)
             kb.max_dynamic_shared_size_bytes = smem
             err.fill(0)
-            line = phases(kb, per, (np.int32(budget), np.int32(suspend)), thr + 64, True, (err,))
+            producers = 2 if kernel.endswith("x2") else 1
+            line = phases(kb, per, (np.int32(budget), np.int32(suspend)), thr + 32 * (producers + 1), True, (err,))
             print(f"{name:16s} {per * 16 // 1024:4d} KB a block, producer, {how:19s}, {budget * 2:2d} KB in flight at most: "
                   f"{line}" + (f"; {int(err.get()[0])} waits gave up" if int(err.get()[0]) else ""))
 
