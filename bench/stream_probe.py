@@ -457,8 +457,8 @@ class RingPhases:
 
 def producer_phases(mod, phases, smem: int, thr: int, err) -> None:
     """SmolLM2's layer share and two of Llama's products through the kernel's ring (12 warps refilling their own
-    slots) against a producer that issues every copy (one warp's 16-byte copies, or one lane's bulk copies), the
-    12 compute warps issuing none; a chasing warp beside each measures an L2 round trip meanwhile."""
+    slots) against producers that issue every copy (one or two warps' 16-byte copies, or one lane's bulk copies),
+    the 12 compute warps issuing none; a chasing warp beside each measures an L2 round trip meanwhile."""
     kr = mod.get_function("ring_phase4")
     kr.max_dynamic_shared_size_bytes = smem
     for name, share in (("SmolLM2 layer", 55296),) + SHARES[:1] + SHARES[2:3]:
@@ -486,7 +486,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--producer-only", action="store_true",
-                    help="only the kernel's ring against a producer (16-byte copies or bulk copies), with a chasing warp")
+                    help="only the kernel's ring against producers of every copy, with a chasing warp")
     args = ap.parse_args()
 
     mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
