@@ -30,6 +30,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   KOG_NBLK=n runs a grid of n blocks instead of one per multiprocessor; KOG_ICACHE_KB=n runs n KB more
   straight-line code once a token (after the LM head), KOG_ICACHE_LAYER_KB=n once a layer (by the blocks
   without attention work, while the attention runs): how much room the code leaves in the instruction cache;
+  KOG_PRODUCT_WARPS=n (with KOG_EXP=10, the layers' weights resident) runs the layer products on n warps only:
+  what giving warps over to a producer of the weights would cost the chain;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -153,6 +155,7 @@ VARIANTS = {
     **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
+    "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

@@ -71,6 +71,9 @@
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
+#ifndef KOG_PRODUCT_WARPS  // timing experiments, with KOG_EXP 10 only: the layer products' granules over this many warps
+#define KOG_PRODUCT_WARPS 0  // (0: all)
+#endif
 #ifndef KOG_ICACHE_KB  // timing experiments: n KB of straight-line code (64 FMAs a KB) run once a token, after the LM head,
 #define KOG_ICACHE_KB 0   // to see whether the per-token code outgrows the instruction cache (bench/fetch_probe.py)
 #endif

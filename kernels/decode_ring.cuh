@@ -191,15 +191,17 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 // written to red as a float.
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
-    constexpr bool X_IN_REGS = NW % M::NSEG == 0;
+    // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
+    // stands, with no wait, refill or release: what a layer whose weights were resident would cost
+    // (KOG_PRODUCT_WARPS: its granules over that many warps only)
+    constexpr bool RESIDENT = KOG_EXP == 10 && MAT != MAT_LM;
+    constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
+    constexpr bool X_IN_REGS = NWP % M::NSEG == 0;
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
-    const int ngran = mv_ngran<M>(c.b);
+    const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
-    // stands, with no wait, refill or release: what a layer whose weights were resident would cost
-    constexpr bool RESIDENT = KOG_EXP == 10 && MAT != MAT_LM;
     if (!RESIDENT) ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
@@ -230,7 +232,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         }
     }
     trace_mv(c, MAT, 1);
-    for (int g = c.warp; g < ngran; g += NW) {
+    for (int g = c.warp; g < ngran; g += NWP) {
         // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
         const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
         if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
