@@ -196,6 +196,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     // (KOG_PRODUCT_WARPS: its granules over that many warps only)
     constexpr bool RESIDENT = KOG_EXP == 10 && MAT != MAT_LM;
     constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
+    static_assert(KOG_PRODUCT_WARPS == 0 || (KOG_EXP == 10 && !STASH && KOG_PRODUCT_WARPS <= NW),
+                  "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
     constexpr bool X_IN_REGS = NWP % M::NSEG == 0;
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
@@ -237,7 +239,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
         if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
-        if (g + NW >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
+        if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         // the U loads first, then U independent dot products: with inputs in registers a column
@@ -286,7 +288,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                 if (c.lane == 0) red[g] = acc;
             }
         }
-        if (g + NW >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
+        if (g + NWP >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
         if (stashed || RESIDENT) continue;  // no ring slot emptied
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
