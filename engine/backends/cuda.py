@@ -254,7 +254,7 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        info = cp.zeros(18, dtype=cp.int64)
+        info = cp.zeros(19, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
         self.kernel_info = {
@@ -263,7 +263,7 @@ class CudaBackend(Backend):
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
             "xsum_words": int(info[15]), "rec_words": int(info[16]) or self.config.head_dim + 2,
-            "lm_screen": bool(info[17]),
+            "lm_screen": bool(info[17]), "producers": int(info[18]),
         }
         if self.kernel_info["lm_screen"]:
             self.lay.add_lm_screen(self.config)
@@ -278,7 +278,7 @@ class CudaBackend(Backend):
                   k["nblk"], k["nbins"], k["xsum_words"])
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
-        self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
+        self.nthr = k["nthr"]  # threads per block (kernels: NTHR_ALL, the compute warps and any producer warps)
         try:
             from cupy_backends.cuda.api import driver
 
