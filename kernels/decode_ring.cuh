@@ -88,6 +88,95 @@ __device__ __forceinline__ void ring_issue(Ctx& c) {
     ++c.st.head;
 }
 
+// ---- the producers' pool (KOG_PRODUCERS) -------------------------------------------------
+// Where NPROD producer warps copy the layers' weights, the compute warps' ring streams the LM head only and
+// the layer products take their granules from a pool: granule k of the block's layer stream (QKV, O, gate/up,
+// down of layer 0, 1, ..., token after token: the order mv_run takes them in) lands in slot k % NSLOT,
+// copied by producer k % NPROD with 16-byte copies. A slot's `full` barrier counts its producer's 32 lanes'
+// copies landing, its `empty` one the arrival of the warp that took the granule into registers; the
+// producers run ahead as far as the pool reaches. Why: issuing its own refills costs SmolLM2's compute
+// warps ~1.1 us a layer on the chain, wherever they are placed (PERF.md session 48), where two warps'
+// 16-byte copies carried its layer share in ~4 us beside twelve consumers (bench/stream_probe.py).
+// NSLOT is a multiple of NPROD, so a slot's laps are one producer's: the phase an `empty` wait names is
+// the barrier's current or last one, as parity waits need.
+constexpr unsigned POOL_N = cmax(NSLOT, 1), PRODS = cmax(NPROD, 1);  // (divisors: 1 where no pool is built)
+// (sm: the dynamic shared-memory region, Ctx::sm)
+__device__ __forceinline__ uint4* pool_slot(float* sm, unsigned s) { return reinterpret_cast<uint4*>(sm + POOL_AT) + s * PSLOT; }
+__device__ __forceinline__ kog_u64* pool_full(float* sm, unsigned s) {  // NSLOT full, NSLOT empty, the done word
+    return reinterpret_cast<kog_u64*>(sm + POOL_AT + NSLOT * PSLOT * 4) + s;
+}
+__device__ __forceinline__ kog_u64* pool_empty(float* sm, unsigned s) { return pool_full(sm, NSLOT + s); }
+__device__ __forceinline__ volatile int* pool_done(float* sm) { return reinterpret_cast<volatile int*>(pool_full(sm, 2 * NSLOT)); }
+
+// A compute warp's ring stream waits here between LM heads (the ring streams nothing else then): the
+// layers run without its registers (SmolLM2's build spills 8 bytes less: nvcc 13). The commit
+// groups' counters and the pool's stay: the attention's K/V tiles and the products count on them.
+__device__ __forceinline__ Stream* pool_parked(float* sm, int warp) {
+    return reinterpret_cast<Stream*>(reinterpret_cast<char*>(pool_full(sm, 2 * NSLOT + 2)) + warp * PARK_BYTES);
+}
+__device__ __forceinline__ void stream_park(const Ctx& c) {
+    if (c.lane == 0) *pool_parked(c.sm, c.warp) = c.st;  // (read back after the block's barriers)
+}
+__device__ __forceinline__ void stream_unpark(Ctx& c) {
+    const unsigned groups = c.st.groups, tiles_group = c.st.tiles_group, pool_k = c.st.pool_k;
+    c.st = *pool_parked(c.sm, c.warp);
+    c.st.groups = groups, c.st.tiles_group = tiles_group, c.st.pool_k = pool_k;
+}
+
+// Every thread of the block, before its first barrier: the slots zeroed (a partial granule's unused columns
+// are then finite weights, as in the ring: ring_start), the barriers set up, no block done.
+__device__ void pool_init(const Ctx& c) {
+    for (int i = c.tid; i < NSLOT * PSLOT; i += NTHR_ALL) pool_slot(c.sm, 0)[i] = make_uint4(0u, 0u, 0u, 0u);
+    if (NPROD > 0 && c.tid == 0) {
+        for (int s = 0; s < NSLOT; ++s) kog_mbar_init(pool_full(c.sm, s), KOG_WAVE), kog_mbar_init(pool_empty(c.sm, s), 1);
+        *pool_done(c.sm) = 0;
+        kog_mbar_init_fence();
+    }
+}
+
+// Producer warp p (warp NW + p): the block's layer granules k = p, p + NPROD, ... into the pool, each once its
+// slot's last granule is taken, until the compute warps are done (pool_finish). Its waits are bounded by theirs:
+// however a launch ends, thread 0 of the compute warps says so on its way out.
+__device__ void produce_layers(const KParams* P, float* sm, int b, int p, int lane) {
+    const kog_u64 policy = kog_l2_evict_first();
+    for (unsigned k = 0;;) {  // (32 bits: ~47 granules a layer on SmolLM2, far past any launch's tokens)
+        for (int l = 0; l < NL; ++l)
+            for (int mat = MAT_QKV; mat <= MAT_DN; ++mat) {
+                const Source src = stream_source(mat, l, P->w, b, false);
+                for (int g = (p - (int)(k % PRODS) + NPROD) % PRODS; g < src.ngran; g += NPROD) {
+                    const unsigned kk = k + g, s = kk % POOL_N, lap = kk / POOL_N;
+                    while (lap > 0 && !kog_mbar_try(pool_empty(sm, s), (lap - 1) & 1u))
+                        if (*pool_done(sm)) return;
+                    copy_granule<PSLOT>(src, g, lane, pool_slot(sm, s), policy, false, false);
+                    kog_cp_async_arrive(pool_full(sm, s));
+                }
+                k += src.ngran;
+            }
+    }
+}
+// Thread 0 of the compute warps, as they leave: the producers stop.
+__device__ __forceinline__ void pool_finish(const Ctx& c) {
+    if (NPROD > 0 && c.tid == 0) *pool_done(c.sm) = 1;
+}
+
+// A compute warp: granule k's slot, once it has landed. A wait past the watchdog fails the launch, and then
+// every wait gives up at once (stale words go on; the block's next hop returns false).
+__device__ __noinline__ void pool_wait_landed(const KParams* P, kog_u64* full, unsigned parity) {
+    const kog_u64 t0 = kog_clock_ns();
+    for (int it = 1; !kog_mbar_try(full, parity); ++it)
+        if ((it & 15) == 1 && tagged_timeout(P, t0, 0xb0000000u)) return;
+}
+__device__ __forceinline__ const uint4* pool_take(const Ctx& c, unsigned k) {
+    const unsigned s = k % POOL_N, parity = k / POOL_N & 1u;
+    if (!kog_mbar_test(pool_full(c.sm, s), parity)) pool_wait_landed(c.P, pool_full(c.sm, s), parity);
+    return pool_slot(c.sm, s);
+}
+// A compute warp holds granule k in registers: its slot may take the next lap's.
+__device__ __forceinline__ void pool_give(const Ctx& c, unsigned k) {
+    kog_wave_sync();  // (every lane's reads of the slot are done before lane 0's arrival, which releases them)
+    if (c.lane == 0) kog_mbar_arrive(pool_empty(c.sm, k % POOL_N));
+}
+
 // STASH: where HBM would idle until the next big product (the attention and its hops before
 // gate/up, ~8 us a layer on the big shapes; gate/up's last blocks and the act hop before down,
 // ~3.5 us: PERF.md sessions 14, 19), each warp issues its next STASH granules of that product
@@ -139,6 +228,7 @@ __device__ void ring_start(Ctx& c) {
     if (RING_LM_ONLY) c.st.mat = MAT_LM;
     c.st.src = stream_source(c.st.mat, 0, c.P->w, c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
+    if (NPROD > 0) stream_park(c);
 }
 
 // HOLD: issue the refills a phase's end held back.
@@ -190,80 +280,6 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 #endif
 }
 
-// ---- the producers' pool (KOG_PRODUCERS) -------------------------------------------------
-// Where NPROD producer warps copy the layers' weights, the compute warps' ring streams the LM head only and
-// the layer products take their granules from a pool: granule k of the block's layer stream (QKV, O, gate/up,
-// down of layer 0, 1, ..., token after token: the order mv_run takes them in) lands in slot k % NSLOT,
-// copied by producer k % NPROD with 16-byte copies. A slot's `full` barrier counts its producer's 32 lanes'
-// copies landing, its `empty` one the arrival of the warp that took the granule into registers; the
-// producers run ahead as far as the pool reaches. Why: issuing its own refills costs SmolLM2's compute
-// warps ~1.1 us a layer on the chain, wherever they are placed (PERF.md session 48), where two warps'
-// 16-byte copies carried its layer share in ~4 us beside twelve consumers (bench/stream_probe.py).
-// NSLOT is a multiple of NPROD, so a slot's laps are one producer's: the phase an `empty` wait names is
-// the barrier's current or last one, as parity waits need.
-constexpr unsigned POOL_N = cmax(NSLOT, 1), PRODS = cmax(NPROD, 1);  // (divisors: 1 where no pool is built)
-// (sm: the dynamic shared-memory region, Ctx::sm)
-__device__ __forceinline__ uint4* pool_slot(float* sm, unsigned s) { return reinterpret_cast<uint4*>(sm + POOL_AT) + s * PSLOT; }
-__device__ __forceinline__ kog_u64* pool_full(float* sm, unsigned s) {  // NSLOT full, NSLOT empty, the done word
-    return reinterpret_cast<kog_u64*>(sm + POOL_AT + NSLOT * PSLOT * 4) + s;
-}
-__device__ __forceinline__ kog_u64* pool_empty(float* sm, unsigned s) { return pool_full(sm, NSLOT + s); }
-__device__ __forceinline__ volatile int* pool_done(float* sm) { return reinterpret_cast<volatile int*>(pool_full(sm, 2 * NSLOT)); }
-
-// Every thread of the block, before its first barrier: the slots zeroed (a partial granule's unused columns
-// are then finite weights, as in the ring: ring_start), the barriers set up, no block done.
-__device__ void pool_init(const Ctx& c) {
-    for (int i = c.tid; i < NSLOT * PSLOT; i += NTHR_ALL) pool_slot(c.sm, 0)[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (NPROD > 0 && c.tid == 0) {
-        for (int s = 0; s < NSLOT; ++s) kog_mbar_init(pool_full(c.sm, s), KOG_WAVE), kog_mbar_init(pool_empty(c.sm, s), 1);
-        *pool_done(c.sm) = 0;
-        kog_mbar_init_fence();
-    }
-}
-
-// Producer warp p (warp NW + p): the block's layer granules k = p, p + NPROD, ... into the pool, each once its
-// slot's last granule is taken, until the compute warps are done (pool_finish). Not inlined, and handed no
-// Ctx: a reference would put the compute warps' context in local memory.
-__device__ void produce_layers(const KParams* P, float* sm, int b, int p, int lane) {
-    const kog_u64 policy = kog_l2_evict_first();
-    for (unsigned k = 0;;) {  // (32 bits: ~47 granules a layer on SmolLM2, far past any launch's tokens)
-        for (int l = 0; l < NL; ++l)
-            for (int mat = MAT_QKV; mat <= MAT_DN; ++mat) {
-                const Source src = stream_source(mat, l, P->w, b, false);
-                for (int g = (p - (int)(k % PRODS) + NPROD) % PRODS; g < src.ngran; g += NPROD) {
-                    const unsigned kk = k + g, s = kk % POOL_N, lap = kk / POOL_N;
-                    while (lap > 0 && !kog_mbar_try(pool_empty(sm, s), (lap - 1) & 1u))
-                        if (*pool_done(sm)) return;
-                    copy_granule<PSLOT>(src, g, lane, pool_slot(sm, s), policy, false, false);
-                    kog_cp_async_arrive(pool_full(sm, s));
-                }
-                k += src.ngran;
-            }
-    }
-}
-// Thread 0 of the compute warps, as they leave: the producers stop.
-__device__ __forceinline__ void pool_finish(const Ctx& c) {
-    if (NPROD > 0 && c.tid == 0) *pool_done(c.sm) = 1;
-}
-
-// A compute warp: granule k's slot, once it has landed. A wait past the watchdog fails the launch, and then
-// every wait gives up at once (stale words go on; the block's next hop returns false).
-__device__ __noinline__ void pool_wait_landed(const KParams* P, kog_u64* full, unsigned parity) {
-    const kog_u64 t0 = kog_clock_ns();
-    for (int it = 1; !kog_mbar_try(full, parity); ++it)
-        if ((it & 15) == 1 && tagged_timeout(P, t0, 0xb0000000u)) return;
-}
-__device__ __forceinline__ const uint4* pool_take(const Ctx& c, unsigned k) {
-    const unsigned s = k % POOL_N, parity = k / POOL_N & 1u;
-    if (!kog_mbar_test(pool_full(c.sm, s), parity)) pool_wait_landed(c.P, pool_full(c.sm, s), parity);
-    return pool_slot(c.sm, s);
-}
-// A compute warp holds granule k in registers: its slot may take the next lap's.
-__device__ __forceinline__ void pool_give(const Ctx& c, unsigned k) {
-    kog_wave_sync();  // (every lane's reads of the slot are done before lane 0's arrival, which releases them)
-    if (c.lane == 0) kog_mbar_arrive(pool_empty(c.sm, k % POOL_N));
-}
-
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
 // takes granules warp, warp + NW, ... from the ring, refilling it as it goes. Where NW is a
 // multiple of the segments per row, every granule of a warp covers the same K-segment, so each
@@ -287,6 +303,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
+    if constexpr (NPROD > 0 && MAT == MAT_LM) stream_unpark(c);
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
     if (!RESIDENT && !POOLED) ring_release_timed<MAT>(c);  // the input is staged: refill now
@@ -388,5 +405,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     }
     if (STASHED) c.st.stash_n = 0;
     if constexpr (POOLED) c.st.pool_k += mv_ngran<M>(c.b);
+    if constexpr (NPROD > 0 && MAT == MAT_LM) stream_park(c);
     trace_mv(c, MAT, 3);
 }

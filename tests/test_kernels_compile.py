@@ -35,11 +35,13 @@ LLAMA_32 = dict(KOG_H=2048, KOG_NH=32, KOG_NKV=8, KOG_D=64, KOG_INTER=8192, KOG_
 
 # The traced build bench/decode_breakdown.py makes (its stamps are compiled out of every other build).
 TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
+# The producer warps' build (KOG_PRODUCERS, a timing knob so far), on the shape it is for.
+PRODUCERS = SHAPES["smollm2-135m"] | dict(KOG_PRODUCERS=2)
 
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
-         + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)])
+         + [("decode.cu", LLAMA_32), ("decode.cu", TRACED), ("decode.cu", PRODUCERS)])
 IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
-       + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"])
+       + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]", "decode.cu[smollm2-135m-producers-2]"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
