@@ -159,7 +159,7 @@ VARIANTS = {
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
-    "producers-2": {"KOG_PRODUCERS": "2"},  # two of the block's warps copy the layers' weights into a pool for the other ten
+    **{f"producers-{n}": {"KOG_PRODUCERS": str(n)} for n in (1, 2, 4)},  # n warps copy the layers' weights for the others
     **{f"pool-{n}": {"KOG_POOL_SLOTS": str(n)} for n in (24, 30, 36)},  # (with producers-2) the pool's slots
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
