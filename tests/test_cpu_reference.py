@@ -14,6 +14,9 @@ from engine.sampling import SamplingParams  # noqa: E402
 from tests.conftest import TINY_ARCHS, TINY_VOCAB, make_tiny_model  # noqa: E402
 
 GREEDY_TOKENS = 64
+# Top-2 logits closer than TIE x the logits' spread: a near-tie that fp32 summation order alone may break
+# either way (as in tests/test_cuda_backend.py).
+TIE = 2e-3
 
 
 def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
@@ -30,6 +33,18 @@ def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
             out.append(int(result.logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
     return out
+
+
+def assert_greedy_agrees(model, prompt: list[int], tokens: list[int]) -> None:
+    """Our greedy tokens are transformers', or leave them only at a near-tie of its logits (up to there the
+    two ran the same tokens, so the same state)."""
+    expected = reference_greedy(model, prompt, len(tokens))
+    same = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), len(tokens))
+    if same < len(tokens):
+        with torch.no_grad():
+            row = model(torch.tensor([prompt + tokens[:same]])).logits[0, -1].numpy()
+        margin = float(row[expected[same]] - row[tokens[same]])
+        assert margin <= TIE * float(row.std()), f"left transformers' greedy tokens at step {same} (margin {margin:.3g})"
 
 
 def ours_greedy(backend: CpuBackend, prompt: list[int], n: int) -> tuple[np.ndarray, list[int]]:
@@ -49,7 +64,7 @@ def test_tiny_models_match_transformers(tmp_path, arch, dtype, shard, seed):
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits[0, -1].numpy()
     assert relative_error(logits, expected) < 1e-3
-    assert tokens == reference_greedy(reference, prompt, GREEDY_TOKENS)
+    assert_greedy_agrees(reference, prompt, tokens)
 
 
 @pytest.mark.slow
@@ -63,4 +78,4 @@ def test_default_gguf_matches_transformers(default_gguf):
     with torch.no_grad():
         expected = reference(torch.tensor([prompt])).logits[0, -1].numpy()
     assert relative_error(logits, expected) < 1e-3
-    assert tokens == reference_greedy(reference, prompt, GREEDY_TOKENS)
+    assert_greedy_agrees(reference, prompt, tokens)
