@@ -1,5 +1,7 @@
 """Greedy tokens of kernel variants against the tree's default build, on a random-init model at a
-real shape: a timing knob must not change a single token (exit status 1 where one does).
+real shape: a timing knob must not change a single token (exit status 1 where one does). With
+--sampled, sampled tokens too (temperature, top-p, a fixed seed: the logits are the same sums in the
+same order, so the in-kernel sampler must draw the same tokens).
 
 Each prompt length is a fresh random prompt; every build decodes 256 tokens after it, so a prompt of
 160 tokens runs positions 160-415 (where the attention's units per kv head change with the position,
@@ -24,14 +26,12 @@ from bench.random_models import gpu_timing_model, random_prompt
 TOKENS = 256
 
 
-def greedy_tokens(lm, label: str, prompt: list[int]) -> list[int]:
-    from engine.sampling import SamplingParams
-
+def decoded_tokens(lm, label: str, prompt: list[int], params) -> list[int]:
     be = build(lm, label, {}, len(prompt))
     try:
         be.truncate(0)
         be.prefill(prompt)
-        return [int(t) for t in be.decode(SamplingParams(), prompt, TOKENS, set())]
+        return [int(t) for t in be.decode(params, prompt, TOKENS, set())]
     finally:
         be.close()
 
@@ -41,24 +41,31 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--variants", required=True, help="comma-separated variants, each against the default build")
     ap.add_argument("--contexts", default="32,160", help="prompt lengths, comma-separated")
+    ap.add_argument("--sampled", action="store_true", help="sampled tokens as well as greedy ones")
     args = ap.parse_args()
     labels = [v for v in args.variants.split(",") if v]
     for label in labels:
         if problem := check_label(label, {}):
             ap.error(problem)
+    from engine.sampling import SamplingParams
+
+    modes = [("greedy", SamplingParams())]
+    if args.sampled:
+        modes.append(("sampled", SamplingParams(temperature=0.8, top_p=0.95, seed=7)))
     lm = gpu_timing_model(args.model)
     same = True
     for ctx in (int(c) for c in args.contexts.split(",")):
         prompt = random_prompt(lm.config.vocab_size, ctx, np.random.default_rng(11 + ctx))
-        reference = greedy_tokens(lm, "full", prompt)
-        for label in labels:
-            tokens = greedy_tokens(lm, label, prompt)
-            first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-            if first is None and len(tokens) != len(reference):
-                first = min(len(tokens), len(reference))
-            same &= first is None
-            verdict = "identical" if first is None else f"DIFFERENT from token {first}"
-            print(f"{args.model}, {ctx}-token prompt, {label}: {verdict} ({len(tokens)} tokens)", flush=True)
+        for mode, params in modes:
+            reference = decoded_tokens(lm, "full", prompt, params)
+            for label in labels:
+                tokens = decoded_tokens(lm, label, prompt, params)
+                first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
+                if first is None and len(tokens) != len(reference):
+                    first = min(len(tokens), len(reference))
+                same &= first is None
+                verdict = "identical" if first is None else f"DIFFERENT from token {first}"
+                print(f"{args.model}, {ctx}-token prompt, {mode}, {label}: {verdict} ({len(tokens)} tokens)", flush=True)
     print(f"{args.model}: {'all identical' if same else 'TOKENS DIFFER'}")
     return 0 if same else 1
 
