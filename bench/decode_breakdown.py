@@ -34,6 +34,8 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   what giving warps over to a producer of the weights would cost the chain; KOG_PRODUCERS=n gives the
   block's last n warps over to copying the layers' weights into a pool of KOG_POOL_SLOTS granule slots
   (0: as many as fit) that the other warps' products take them from (the LM head streams through their ring);
+  KOG_COMPUTE_REGS=n (with KOG_PRODUCERS=4, a whole warpgroup) gives the compute warps n registers a thread and
+  the producers what is left (setmaxnreg: the decode kernel is then built for sm_90a);
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -161,6 +163,7 @@ VARIANTS = {
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     **{f"producers-{n}": {"KOG_PRODUCERS": str(n)} for n in (1, 2, 4)},  # n warps copy the layers' weights for the others
     **{f"pool-{n}": {"KOG_POOL_SLOTS": str(n)} for n in (24, 30, 36)},  # (with producers-2) the pool's slots
+    "compute-regs-232": {"KOG_COMPUTE_REGS": "232"},  # (with producers-4, sm_90a) the producers' registers to the compute warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},

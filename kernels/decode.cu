@@ -395,10 +395,16 @@ extern "C" __global__ void __launch_bounds__(NTHR_ALL, 1) kog_decode(const KPara
     __syncthreads();  // (every warp, producers too: the pool is set up)
 #if KOG_PRODUCERS > 0
     if (c.warp >= NW) {  // a producer warp: the layers' weights, then nothing else
+#if KOG_COMPUTE_REGS > 0
+        kog_regs_release<PRODUCER_REGS>();
+#endif
         produce_layers(P, c.sm, c.b, c.warp - NW, c.lane);
         kog_cp_async_wait_all();
         return;
     }
+#if KOG_COMPUTE_REGS > 0
+    kog_regs_claim<COMPUTE_REGS>();
+#endif
 #endif
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen

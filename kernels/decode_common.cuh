@@ -80,6 +80,9 @@
 #ifndef KOG_POOL_SLOTS  // timing experiments, with KOG_PRODUCERS: the pool's slots (0: as many as fit)
 #define KOG_POOL_SLOTS 0
 #endif
+#ifndef KOG_COMPUTE_REGS  // timing experiments, with KOG_PRODUCERS a whole warpgroup (4) and an sm_90a build (cuda.py
+#define KOG_COMPUTE_REGS 0  // builds one for this knob): the compute warps' registers a thread, the producers handing
+#endif                      // theirs over (setmaxnreg; 0: every warp keeps what the launch gave it)
 #ifndef KOG_ICACHE_KB  // timing experiments: n KB of straight-line code (64 FMAs a KB) run once a token, after the LM head,
 #define KOG_ICACHE_KB 0   // to see whether the per-token code outgrows the instruction cache (bench/fetch_probe.py)
 #endif
@@ -125,6 +128,15 @@ constexpr int NTHR_ALL = KOG_NTHR > 0 ? KOG_NTHR : 384;  // threads a block laun
 constexpr int NTHR = NTHR_ALL - NPROD * KOG_WAVE;
 constexpr int NW = NTHR / KOG_WAVE;
 static_assert(NPROD >= 0 && NW >= 1, "KOG_PRODUCERS: fewer producer warps than warps");
+// KOG_COMPUTE_REGS: the launch gives every thread LAUNCH_REGS registers (ptxas takes all it may, 168 at 384
+// threads); the producer warpgroup keeps what the compute warps' COMPUTE_REGS leave of them. (Were ptxas to take
+// fewer, the compute warps' claim would wait for registers that never come: a hang, so a timing knob only.)
+constexpr int LAUNCH_REGS = 65536 / NTHR_ALL / 8 * 8;
+constexpr int COMPUTE_REGS = KOG_COMPUTE_REGS;
+constexpr int PRODUCER_REGS = COMPUTE_REGS > 0 ? (LAUNCH_REGS * NTHR_ALL - COMPUTE_REGS * NTHR) / (NPROD * KOG_WAVE) / 8 * 8 : 0;
+static_assert(COMPUTE_REGS == 0 || (NPROD * KOG_WAVE % 128 == 0 && COMPUTE_REGS % 8 == 0 && COMPUTE_REGS <= 256 &&
+                                    COMPUTE_REGS > LAUNCH_REGS && PRODUCER_REGS >= 24),
+              "KOG_COMPUTE_REGS: producers a whole warpgroup, registers in steps of 8, at most 256, theirs at least 24");
 // The compute warps' block-wide barrier: __syncthreads where every warp computes; else named barrier 1 of
 // the NTHR compute threads, since the producers reach no barrier after the launch's first. (A HIP build has
 // no named barriers: no producers there.)

@@ -11,8 +11,9 @@
 //   - 16-byte asynchronous copies global -> shared (the weight ring, attention tiles), the
 //     weights' marked evict-first in L2 (read once per token: they must not push out the KV
 //     cache and the vectors blocks hand each other)
-//   - barriers of part of a block (the compute warps, where producer warps run their own loop) and
-//     shared-memory barriers that count arrivals and copies landed (the producers' pool of weights)
+//   - barriers of part of a block (the compute warps, where producer warps run their own loop),
+//     shared-memory barriers that count arrivals and copies landed (the producers' pool of weights),
+//     and registers handed between warpgroups (sm_90a)
 //   - L2-only ("cache global") loads for data other blocks wrote during this launch: L1 is
 //     not coherent across multiprocessors, so a plain load could hit a stale line
 // No standard headers: NVRTC compiles this without a host toolchain.
@@ -66,6 +67,14 @@ __device__ __forceinline__ bool kog_bar_and_first(bool p) {
                  : "=r"(r) : "r"((unsigned)p), "n"(N) : "memory");
     return r != 0;
 }
+
+// ---- registers between a block's warpgroups (sm_90a builds) -----------------------------------
+// A warpgroup (4 warps, all of them) hands its registers down to N a thread, or claims up to N from what
+// others handed back (setmaxnreg; a claim waits until the registers are free).
+template <int N>
+__device__ __forceinline__ void kog_regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N) : "memory"); }
+template <int N>
+__device__ __forceinline__ void kog_regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory"); }
 
 // ---- shared-memory barriers (mbarrier) ---------------------------------------------------
 // A barrier completes a phase once `count` arrivals are in; a waiter names the phase by its parity.

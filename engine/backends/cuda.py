@@ -239,14 +239,16 @@ class CudaBackend(Backend):
 
     def _load_modules(self) -> None:
         cp = self.cp
-        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
+        # (KOG_COMPUTE_REGS, a timing knob of bench/, hands registers between warpgroups: the sm_90a features)
+        dec_arch = self.arch + ("a" if "KOG_COMPUTE_REGS" in self._extra_defines else "")
+        dec = compile_kernels("decode.cu", self._defines(), dec_arch, self._kernel_dir, self._nvrtc_options)
         pre = compile_kernels("prefill.cu", {}, self.arch)
         try:
             self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
             self.k_decode = self.mod.get_function("kog_decode")
         except Exception as e:  # a stale or broken cache entry: rebuild once
             dec.unlink(missing_ok=True)
-            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
+            dec = compile_kernels("decode.cu", self._defines(), dec_arch, self._kernel_dir, self._nvrtc_options)
             try:
                 self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
                 self.k_decode = self.mod.get_function("kog_decode")
