@@ -474,7 +474,13 @@ def build(lm, label: str, versions: dict[str, Path], context: int, traced_layer:
     if traced_layer is not None:
         defines["KOG_TRACE"] = str(TRACE_STEP)
         defines["KOG_TRACE_LAYER"] = str(traced_layer)
-    return CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
+    be = CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
+    if "KOG_COMPUTE_REGS" in defines:  # its claim counts on the launch's whole register file: short of it, a hang
+        regs, full = be.k_decode.attributes["num_regs"], 65536 // be.nthr // 8 * 8
+        if regs != full:
+            be.close()
+            raise SystemExit(f"{label}: the kernel took {regs} registers a thread, not {full}: its claim would never be met")
+    return be
 
 
 def check_label(label: str, versions: dict[str, Path]) -> str | None:
