@@ -399,7 +399,7 @@ extern "C" __global__ void __launch_bounds__(NTHR_ALL, 1) kog_decode(const KPara
         kog_regs_release<PRODUCER_REGS>();
 #endif
         produce_layers(P, c.sm, c.b, c.warp - NW, c.lane);
-        kog_cp_async_wait_all();
+        kog_cp_async_wait();  // (its copies are in no commit group: wait_all alone would not wait for them)
         return;
     }
 #if KOG_COMPUTE_REGS > 0

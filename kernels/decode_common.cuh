@@ -541,7 +541,8 @@ constexpr int SMEM_ALIGN = 1024;  // bytes
 // flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
 constexpr int SLOT_MAX = 4 * KOG_WAVE;  // 16-byte vectors of the widest granule (U = 4): 2 KB
 constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
-constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
+// (With producers, KOG_PRODUCERS, the ring streams the LM head only: three, the pool taking the room left.)
+constexpr int RING = KOG_RING > 0 ? KOG_RING : NPROD > 0 || LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
 constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
 // 16-byte vectors per slot of the ring and the stash: 2 KB, or where blocks stash (the layer does
 // not fit the ring), the shape's widest granule. Qwen2.5's products all take 1.5 KB granules: its 2 KB
@@ -567,7 +568,7 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
-constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING || NPROD > 0 ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;

@@ -17,6 +17,7 @@
 // The ring streams the LM head only where the layers' weights come from elsewhere: the producers' pool
 // (KOG_PRODUCERS, below), or nowhere (KOG_EXP 10, timing only: they stand resident, mv_run).
 constexpr bool RING_LM_ONLY = KOG_EXP == 10 || NPROD > 0;
+static_assert(!RING_LM_ONLY || VOCAB / NBLK >= NW, "every warp has LM head granules (else stream_settle never ends)");
 
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
@@ -160,7 +161,8 @@ __device__ __forceinline__ void pool_finish(const Ctx& c) {
 }
 
 // A compute warp: granule k's slot, once it has landed. A wait past the watchdog fails the launch, and then
-// every wait gives up at once (stale words go on; the block's next hop returns false).
+// every wait gives up at once (stale words go on, the pool's phases out of step from there: garbage tokens
+// until the block's next hop returns false, as after any failure).
 __device__ __noinline__ void pool_wait_landed(const KParams* P, kog_u64* full, unsigned parity) {
     const kog_u64 t0 = kog_clock_ns();
     for (int it = 1; !kog_mbar_try(full, parity); ++it)
