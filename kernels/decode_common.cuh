@@ -587,16 +587,15 @@ constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
 constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
 // KOG_PRODUCERS: the pool past the ring (decode_ring.cuh): NSLOT slots of the layer products' widest granule, as
-// many as fit (the producers run that far ahead), their `full` and `empty` barriers, the word that tells the
-// producers the block is done, and each compute warp's parked ring stream (PARK_BYTES). At least a product's
-// granules: a warp waits for a slot only after every granule of the products before has been taken.
-constexpr int PARK_BYTES = 128;  // a warp's Stream, parked (static_assert by Stream)
+// many as fit (the producers run that far ahead), their `full` and `empty` barriers, and the word that tells the
+// producers the block is done. At least a product's granules: a warp waits for a slot only after every granule
+// of the products before has been taken.
 constexpr int PSLOT = cmax(cmax(MQKV::U, MO::U), cmax(MGU::U, MDN::U)) * KOG_WAVE;  // 16-byte vectors
 constexpr int POOL_MIN = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG), cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG));
 constexpr int POOL_AT = SM_FLOATS + RING_BYTES / 4;  // floats
 constexpr int NSLOT = NPROD == 0 ? 0 : KOG_POOL_SLOTS > 0 ? KOG_POOL_SLOTS
-                    : cmax(0, SMEM_LIMIT - POOL_AT * 4 - 16 - NW * PARK_BYTES) / (PSLOT * 16 + 16) / NPROD * NPROD;
-constexpr int POOL_BYTES = NPROD == 0 ? 0 : NSLOT * (PSLOT * 16 + 16) + 16 + NW * PARK_BYTES;
+                    : cmax(0, SMEM_LIMIT - POOL_AT * 4 - 16) / (PSLOT * 16 + 16) / NPROD * NPROD;
+constexpr int POOL_BYTES = NPROD == 0 ? 0 : NSLOT * (PSLOT * 16 + 16) + 16;
 static_assert(NPROD == 0 || (NSLOT >= POOL_MIN && NSLOT % NPROD == 0), "KOG_PRODUCERS: the pool holds a product's granules, a producer's own slots");
 static_assert(NPROD == 0 || (!STASH && (KOG_EXP <= 1 || (KOG_EXP >= 4 && KOG_EXP <= 7) || KOG_EXP == 11)),
               "KOG_PRODUCERS: no stash, and no timing experiment on the layers' weight stream");
@@ -662,8 +661,6 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned traced;       // refills recorded by trace_ring
 #endif
 };
-
-static_assert(sizeof(Stream) <= PARK_BYTES, "a parked stream fits its room");
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)
     const KParams* P;

@@ -109,21 +109,6 @@ __device__ __forceinline__ kog_u64* pool_full(float* sm, unsigned s) {  // NSLOT
 __device__ __forceinline__ kog_u64* pool_empty(float* sm, unsigned s) { return pool_full(sm, NSLOT + s); }
 __device__ __forceinline__ volatile int* pool_done(float* sm) { return reinterpret_cast<volatile int*>(pool_full(sm, 2 * NSLOT)); }
 
-// A compute warp's ring stream waits here between LM heads (the ring streams nothing else then): the
-// layers run without its registers (SmolLM2's build spills 8 bytes less: nvcc 13). The commit
-// groups' counters and the pool's stay: the attention's K/V tiles and the products count on them.
-__device__ __forceinline__ Stream* pool_parked(float* sm, int warp) {
-    return reinterpret_cast<Stream*>(reinterpret_cast<char*>(pool_full(sm, 2 * NSLOT + 2)) + warp * PARK_BYTES);
-}
-__device__ __forceinline__ void stream_park(const Ctx& c) {
-    if (c.lane == 0) *pool_parked(c.sm, c.warp) = c.st;  // (read back after the block's barriers)
-}
-__device__ __forceinline__ void stream_unpark(Ctx& c) {
-    const unsigned groups = c.st.groups, tiles_group = c.st.tiles_group, pool_k = c.st.pool_k;
-    c.st = *pool_parked(c.sm, c.warp);
-    c.st.groups = groups, c.st.tiles_group = tiles_group, c.st.pool_k = pool_k;
-}
-
 // Every thread of the block, before its first barrier: the slots zeroed (a partial granule's unused columns
 // are then finite weights, as in the ring: ring_start), the barriers set up, no block done.
 __device__ void pool_init(const Ctx& c) {
@@ -230,7 +215,6 @@ __device__ void ring_start(Ctx& c) {
     if (RING_LM_ONLY) c.st.mat = MAT_LM;
     c.st.src = stream_source(c.st.mat, 0, c.P->w, c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
-    if (NPROD > 0) stream_park(c);
 }
 
 // HOLD: issue the refills a phase's end held back.
@@ -305,7 +289,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
-    if constexpr (NPROD > 0 && MAT == MAT_LM) stream_unpark(c);
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
     if (!RESIDENT && !POOLED) ring_release_timed<MAT>(c);  // the input is staged: refill now
@@ -407,6 +390,5 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     }
     if (STASHED) c.st.stash_n = 0;
     if constexpr (POOLED) c.st.pool_k += mv_ngran<M>(c.b);
-    if constexpr (NPROD > 0 && MAT == MAT_LM) stream_park(c);
     trace_mv(c, MAT, 3);
 }
