@@ -31,11 +31,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   straight-line code once a token (after the LM head), KOG_ICACHE_LAYER_KB=n once a layer (by the blocks
   without attention work, while the attention runs): how much room the code leaves in the instruction cache;
   KOG_PRODUCT_WARPS=n (with KOG_EXP=10, the layers' weights resident) runs the layer products on n warps only:
-  what giving warps over to a producer of the weights would cost the chain; KOG_PRODUCERS=n gives the
-  block's last n warps over to copying the layers' weights into a pool of KOG_POOL_SLOTS granule slots
-  (0: as many as fit) that the other warps' products take them from (the LM head streams through their ring);
-  KOG_COMPUTE_REGS=n (with KOG_PRODUCERS=4, a whole warpgroup) gives the compute warps n registers a thread and
-  the producers what is left (setmaxnreg: the decode kernel is then built for sm_90a);
+  what giving warps over to a producer of the weights would cost the chain;
   --context n sets the prompt's length (32: the bench protocol; longer to time the attention);
   a version is another kernels/ folder (--version NAME=DIR, repeatable; --baseline DIR names
   it "baseline"), timed in the same run: the machines differ by a few percent from call to
@@ -141,7 +137,6 @@ VARIANTS = {
     "stash-6": {"KOG_STASH": "6"},
     "stash-7": {"KOG_STASH": "7"},
     "slot-4": {"KOG_SLOT_U": "4"},  # ring and stash slots of 2 KB whatever the granules (v33)
-    "slot-3": {"KOG_SLOT_U": "3"},  # ... of 1.5 KB (SmolLM2's granules: the room goes to producers-2's pool)
     "stash-pace-2": {"KOG_STASH_PACE": "2"},  # a paced stashing warp keeps two granules in flight
     "stash-pace-3": {"KOG_STASH_PACE": "3"},  # ... three
     "stash-att-0": {"KOG_STASH_ATT": "0"},  # blocks with attention work stash nothing (the default where G x D reaches 512)
@@ -161,9 +156,6 @@ VARIANTS = {
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
-    **{f"producers-{n}": {"KOG_PRODUCERS": str(n)} for n in (1, 2, 4)},  # n warps copy the layers' weights for the others
-    **{f"pool-{n}": {"KOG_POOL_SLOTS": str(n)} for n in (24, 30, 36)},  # (with producers-2) the pool's slots
-    "compute-regs-232": {"KOG_COMPUTE_REGS": "232"},  # (with producers-4, sm_90a) the producers' registers to the compute warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
     "hold-o": {"KOG_HOLD": "2"},
@@ -349,11 +341,6 @@ def attention_units(be, t, layer: int) -> None:
             print(f"    {name:20s} {np.median(col):7.2f} / {col.max():7.2f}")
 
 
-def compute_warps(be) -> int:
-    """The warps a block's traces cover: all but its producer warps (KOG_PRODUCERS)."""
-    return be.nthr // 32 - be.kernel_info["producers"]
-
-
 # kernels/decode.cu trace_mv stamps per warp of each product of the traced layer
 MV_STAMPS = ("refills released, inputs loaded", "first granule landed", "granules done", "block's sums in",
              "results stored", "last granule landed", "last granule's math done", "held refills issued")
@@ -365,7 +352,7 @@ def product_steps(be, layer: int) -> None:
     passed each step (median / max over blocks and warps, us)."""
     import cupy as cp
 
-    nw = compute_warps(be)
+    nw = be.nthr // 32
     ptr = be.mod.get_global("kog_trace_mv")
     a = cp.ndarray((4, be.nblk, nw, len(MV_STAMPS) + 1), cp.uint64, ptr).get().astype(np.int64)
     print(f"  inside the products of layer {layer}, per warp after entering the product (median / max us):")
@@ -389,7 +376,7 @@ def norm_steps(be, t, layer: int) -> None:
     warps, us)."""
     import cupy as cp
 
-    nw = compute_warps(be)
+    nw = be.nthr // 32
     a = cp.ndarray((2, be.nblk, nw, len(NORM_STAMPS)), cp.uint64, be.mod.get_global("kog_trace_norm")).get().astype(np.int64)
     print(f"  inside the norms of layer {layer}, per warp after the producers' last block (median / max us):")
     for m, (name, after, shift) in enumerate(NORM_NAMES):
@@ -413,7 +400,7 @@ def ring_demand(be, t, layer: int) -> None:
     flight have landed."""
     import cupy as cp
 
-    n = be.nblk * compute_warps(be) * TRACE_RING
+    n = be.nblk * (be.nthr // 32) * TRACE_RING
     stamps = cp.ndarray((n,), cp.uint64, be.mod.get_global("kog_trace_ring")).get().astype(np.int64)
     pieces = cp.ndarray((n,), cp.uint16, be.mod.get_global("kog_trace_ring_n")).get().astype(np.int64)
     if not stamps.any():
@@ -474,13 +461,7 @@ def build(lm, label: str, versions: dict[str, Path], context: int, traced_layer:
     if traced_layer is not None:
         defines["KOG_TRACE"] = str(TRACE_STEP)
         defines["KOG_TRACE_LAYER"] = str(traced_layer)
-    be = CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
-    if "KOG_COMPUTE_REGS" in defines:  # its claim counts on the launch's whole register file: short of it, a hang
-        regs, full = be.k_decode.attributes["num_regs"], 65536 // be.nthr // 8 * 8
-        if regs != full:
-            be.close()
-            raise SystemExit(f"{label}: the kernel took {regs} registers a thread, not {full}: its claim would never be met")
-    return be
+    return CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
 
 
 def check_label(label: str, versions: dict[str, Path]) -> str | None:

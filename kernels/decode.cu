@@ -117,7 +117,7 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     float* const red_mx = red + MLM8::RED;  // past the rows' sums (MV_RED)
     float* const red_ss = red_mx + NW;
     if (c.lane == 0) red_mx[c.warp] = mx;
-    block_sync();
+    __syncthreads();
     mx = 0.f;
     for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_mx[w]);
     const float sx = fmaxf(mx, 1e-30f) * (1.f / LM8_XQ);
@@ -132,7 +132,7 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     }
     ss = kog_wave_sum(ss);
     if (c.lane == 0) red_ss[c.warp] = ss;
-    block_sync();  // every warp's row sums are in red
+    __syncthreads();  // every warp's row sums are in red
     ss = 0.f;
     for (int w = 0; w < NW; ++w) ss += red_ss[w];
     const float xn = sqrtf(ss) * __int_as_float(ebits);  // |x|
@@ -151,10 +151,10 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     }
     lo = kog_wave_max(lo);
     if (c.lane == 0) c.red16[c.warp] = lo;
-    block_sync();
+    __syncthreads();
     float lo_all = c.red16[0];  // the block's largest lower bound
     for (int w = 1; w < NW; ++w) lo_all = fmaxf(lo_all, c.red16[w]);
-    block_sync();  // publish_block_best writes red16
+    __syncthreads();  // publish_block_best writes red16
     // the rows that can still be the argmax, exactly: a warp a row, from its bf16 weights
     Best best = {-KOG_INF, 0x7fffffff};
     const uint4* const lmh = reinterpret_cast<const uint4*>(P->w + OFF_LMH);
@@ -202,7 +202,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (ATT_EARLY_AT == 1) att_prefetch(c, l, pos);
         {
             mv_run<MQKV, MAT_QKV>(c, xs, red);
-            block_sync();
+            __syncthreads();
             trace_mv(c, MAT_QKV, 4);
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
             for (int r = c.tid; r < nr; r += NTHR) {
@@ -223,7 +223,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const bool att_work = att_unit_of(b, pos, unit);
         if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
-        if (!block_sync_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
+        if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
         end_phase(c);
         // --- O projection + residual
         // (KOG_EXP 11, timing only: O's product takes its input as it stands, so that only the attention
@@ -233,7 +233,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         trace_event(c);
         {
             mv_run<MO, MAT_O>(c, xs, red);
-            block_sync();
+            __syncthreads();
             trace_mv(c, MAT_O, 4);
             if (DN_SPLIT == 1) add_to_residual<MO>(c, red, xown);
             else add_o_summed(c, red, xown, l);
@@ -247,7 +247,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         trace_event(c);
         {
             mv_run<MGU, MAT_GU>(c, xs, red);
-            block_sync();
+            __syncthreads();
             trace_mv(c, MAT_GU, 4);
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
             for (int j = c.tid; j < np; j += NTHR) {
@@ -265,7 +265,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
-            block_sync();
+            __syncthreads();
             trace_mv(c, MAT_DN, 4);
             if (DN_SPLIT == 1) {
                 add_to_residual<MDN>(c, red, xown);
@@ -286,7 +286,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         lm_screen_pick(c, xs, red);
     } else {
         mv_run<MLM, MAT_LM>(c, xs, red);
-        block_sync();
+        __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
         Best best = {-KOG_INF, 0x7fffffff};
         for (int r = c.tid; r < nr; r += NTHR) {
@@ -321,10 +321,10 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
             const Best x = gather_best(c);
             if (c.lane == 0) c.sint[1] = x.i, c.sint[2] = kog_ldcg_s32(P->ctl + 1);
         }
-        block_sync();
+        __syncthreads();
         token = c.sint[1];
         cancel = c.sint[2];
-        block_sync();
+        __syncthreads();
         return true;
     }
     // sampling: max key -> probabilities and bins (all blocks) -> block 0 samples
@@ -332,9 +332,9 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
         const Best x = gather_best(c);
         if (c.lane == 0) c.sint[3] = x.i;
     }
-    block_sync();
+    __syncthreads();
     const float smax = fkey_inv(kog_ldcg_u32(P->keys + c.sint[3]));
-    block_sync();
+    __syncthreads();
     sample_bins(c, smax);
     arrive(c);
     if (c.b == 0) {
@@ -351,18 +351,18 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
             const bool ok = wave_wait(c, 0, 0, c.epoch);
             if (c.lane == 0) c.sint[0] = ok;
         }
-        block_sync();
+        __syncthreads();
         const bool ok = c.sint[0];
-        block_sync();
+        __syncthreads();
         if (!ok) return false;
     }
     token = kog_ldcg_s32(P->ctl + 0);
     cancel = kog_ldcg_s32(P->ctl + 1);
-    block_sync();
+    __syncthreads();
     return true;
 }
 
-extern "C" __global__ void __launch_bounds__(NTHR_ALL, 1) kog_decode(const KParams* __restrict__ P) {
+extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* __restrict__ P) {
     extern __shared__ __align__(SMEM_ALIGN) float kog_smem[];  // the compiler pads the static part
     __shared__ float red16[NW];
     __shared__ int sint[8 + NW];
@@ -379,33 +379,17 @@ extern "C" __global__ void __launch_bounds__(NTHR_ALL, 1) kog_decode(const KPara
     c.sm = kog_smem;
     c.red16 = red16;
     c.sint = sint;
-    if (gridDim.x != NBLK || blockDim.x != NTHR_ALL) {
+    if (gridDim.x != NBLK || blockDim.x != NTHR) {
         if (c.tid == 0) fail(P, ERR_BAD_ARGS, 0);
         return;
     }
     trace_sm(c);
-#if KOG_PRODUCERS > 0  // (not `if constexpr`: nvcc 13 still emits its calls, and the default builds' code moves)
-    pool_init(c);
-#endif
     const bool greedy = P->greedy != 0;
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
     release_clock_start(c);
-    __syncthreads();  // (every warp, producers too: the pool is set up)
-#if KOG_PRODUCERS > 0
-    if (c.warp >= NW) {  // a producer warp: the layers' weights, then nothing else
-#if KOG_COMPUTE_REGS > 0
-        kog_regs_release<PRODUCER_REGS>();
-#endif
-        produce_layers(P, c.sm, c.b, c.warp - NW, c.lane);
-        kog_cp_async_wait();  // (its copies are in no commit group: wait_all alone would not wait for them)
-        return;
-    }
-#if KOG_COMPUTE_REGS > 0
-    kog_regs_claim<COMPUTE_REGS>();
-#endif
-#endif
+    __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen
 
@@ -454,7 +438,6 @@ extern "C" __global__ void __launch_bounds__(NTHR_ALL, 1) kog_decode(const KPara
         P->status[ST_REASON] = reason;
         if (!ok) atomicCAS(P->status + ST_ERROR, 0, 2);
     }
-    pool_finish(c);
     release_clock_flush(c);
     kog_cp_async_wait_all();  // the ring's last prefetches land before the block exits
 }
@@ -468,7 +451,7 @@ extern "C" __global__ void kog_info(long long* out) {
         out[3] = SSTRIDE;
         out[4] = S_FINAL;
         out[5] = SMEM_BYTES;
-        out[6] = NTHR_ALL;
+        out[6] = NTHR;
         out[7] = NBLK;
         out[8] = sizeof(KParams);
         out[9] = NBINS;
@@ -480,6 +463,5 @@ extern "C" __global__ void kog_info(long long* out) {
         out[15] = H;  // words at KParams::xsum (kernels before v33 wrote DN_SPLIT x H partial sums there)
         out[16] = REC_W;  // words per attention record at KParams::part (older kernels wrote none: D + 2)
         out[17] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
-        out[18] = NPROD;  // of the NTHR_ALL threads' warps, the last NPROD copy weights (the traces count the others)
     }
 }

@@ -167,7 +167,7 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
 #pragma unroll
         for (int i = 0; i < DL; ++i) scratch[c.warp * (D + 2) + lane + 32 * i] = o[i];
     }
-    block_sync();
+    __syncthreads();
     if (merging && part == 0) {  // the runs in order
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] = 0.f;
@@ -253,7 +253,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             }
         }
     }
-    if (!block_sync_and(ok)) return false;
+    if (!__syncthreads_and(ok)) return false;
     trace_att(c, l, u, 2);
 
     float m = -KOG_INF, lsum = 0.f, acc[DL];
@@ -270,7 +270,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         if (ATT_EARLY && k == 0) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.tiles_group);  // not the ring's refills
         else if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
         else kog_cp_async_wait_all();
-        block_sync();
+        __syncthreads();
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
         if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
@@ -324,7 +324,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             kog_wave_sync();  // pw is rewritten next round
         }
         trace_att(c, l, u, 7);
-        block_sync();  // the tile buffers are refilled next round
+        __syncthreads();  // the tile buffers are refilled next round
     }
     trace_att(c, l, u, 3);
 
@@ -332,7 +332,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
     for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
     if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
-    block_sync();
+    __syncthreads();
     // the warps of a head with a tile slot (slots past TBR took no tile)
     constexpr int SLOTS = ATT_RMAX > 0 ? TBR : NW / G;
     if (warp < gh) {
@@ -363,11 +363,11 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     }
     if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
         trace_att(c, l, u, 4);
-        block_sync();  // rec was read above: the merge's partial sums go there
+        __syncthreads();  // rec was read above: the merge's partial sums go there
         ok &= att_merge(c, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
     }
     trace_att(c, l, u, 5);
-    return block_sync_and(ok);
+    return __syncthreads_and(ok);
 }
 
 // Where a kv head's (or head group's) tiles span 2 .. CM_MAX units, no unit merges the
@@ -431,5 +431,5 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
             break;
         }
     }
-    return block_sync_and(ok);
+    return __syncthreads_and(ok);
 }

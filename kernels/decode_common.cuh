@@ -74,15 +74,6 @@
 #ifndef KOG_PRODUCT_WARPS  // timing experiments, with KOG_EXP 10 only: the layer products' granules over this many warps
 #define KOG_PRODUCT_WARPS 0  // (0: all)
 #endif
-#ifndef KOG_PRODUCERS  // warps of a block that only copy the layers' weights into a pool for the others (decode_ring.cuh;
-#define KOG_PRODUCERS 0  // 0: none, every warp streams its own granules through its ring)
-#endif
-#ifndef KOG_POOL_SLOTS  // timing experiments, with KOG_PRODUCERS: the pool's slots (0: as many as fit)
-#define KOG_POOL_SLOTS 0
-#endif
-#ifndef KOG_COMPUTE_REGS  // timing experiments, with KOG_PRODUCERS a whole warpgroup (4) and an sm_90a build (cuda.py
-#define KOG_COMPUTE_REGS 0  // builds one for this knob): the compute warps' registers a thread, the producers handing
-#endif                      // theirs over (setmaxnreg; 0: every warp keeps what the launch gave it)
 #ifndef KOG_ICACHE_KB  // timing experiments: n KB of straight-line code (64 FMAs a KB) run once a token, after the LM head,
 #define KOG_ICACHE_KB 0   // to see whether the per-token code outgrows the instruction cache (bench/fetch_probe.py)
 #endif
@@ -121,33 +112,8 @@ __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 // Threads per block: 384 leaves 168 registers per thread (512 caps them at 128, with spills).
 // 256 would keep Llama-3.2-1B's down inputs in registers (8 granules per row: 8 warps, not 12)
 // and ran +1.4% there at a 32-token context, but -0.7% at 1k and -1.6% at 4k (PERF.md v15).
-// KOG_PRODUCERS: the block's last NPROD warps copy the layers' weights (decode_ring.cuh's pool); NTHR and NW
-// count the others, the compute warps, which run everything else.
-constexpr int NPROD = KOG_PRODUCERS;
-constexpr int NTHR_ALL = KOG_NTHR > 0 ? KOG_NTHR : 384;  // threads a block launches
-constexpr int NTHR = NTHR_ALL - NPROD * KOG_WAVE;
+constexpr int NTHR = KOG_NTHR > 0 ? KOG_NTHR : 384;
 constexpr int NW = NTHR / KOG_WAVE;
-static_assert(NPROD >= 0 && NW >= 1, "KOG_PRODUCERS: fewer producer warps than warps");
-// KOG_COMPUTE_REGS: the launch gives every thread LAUNCH_REGS registers (ptxas takes all it may, 168 at 384
-// threads); the producer warpgroup keeps what the compute warps' COMPUTE_REGS leave of them. (Were ptxas to take
-// fewer, the compute warps' claim would wait for registers that never come: a hang, so a timing knob only.)
-constexpr int LAUNCH_REGS = 65536 / NTHR_ALL / 8 * 8;
-constexpr int COMPUTE_REGS = KOG_COMPUTE_REGS;
-constexpr int PRODUCER_REGS = COMPUTE_REGS > 0 ? (LAUNCH_REGS * NTHR_ALL - COMPUTE_REGS * NTHR) / (NPROD * KOG_WAVE) / 8 * 8 : 0;
-static_assert(COMPUTE_REGS == 0 || (NPROD * KOG_WAVE % 128 == 0 && COMPUTE_REGS % 8 == 0 && COMPUTE_REGS <= 256 &&
-                                    COMPUTE_REGS > LAUNCH_REGS && PRODUCER_REGS >= 24),
-              "KOG_COMPUTE_REGS: producers a whole warpgroup, registers in steps of 8, at most 256, theirs at least 24");
-// The compute warps' block-wide barrier: __syncthreads where every warp computes; else named barrier 1 of
-// the NTHR compute threads, since the producers reach no barrier after the launch's first. (A HIP build has
-// no named barriers: no producers there.)
-__device__ __forceinline__ void block_sync() {
-    if constexpr (NPROD > 0) kog_bar_sync_first<NTHR>();
-    else __syncthreads();
-}
-__device__ __forceinline__ bool block_sync_and(bool p) {
-    if constexpr (NPROD > 0) return kog_bar_and_first<NTHR>(p);
-    else return __syncthreads_and(p);
-}
 constexpr int G = NH / NKV;  // query heads per kv head
 constexpr int QD = NH * D;
 constexpr int KVD = NKV * D;
@@ -541,8 +507,7 @@ constexpr int SMEM_ALIGN = 1024;  // bytes
 // flight, get shorter (bench/stream_probe.py; PERF.md session 16: +0.8% at 32 tokens, +3% at 1k).
 constexpr int SLOT_MAX = 4 * KOG_WAVE;  // 16-byte vectors of the widest granule (U = 4): 2 KB
 constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's weights a block streams
-// (With producers, KOG_PRODUCERS, the ring streams the LM head only: three, the pool taking the room left.)
-constexpr int RING = KOG_RING > 0 ? KOG_RING : NPROD > 0 || LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
+constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
 constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
 // 16-byte vectors per slot of the ring and the stash: 2 KB, or where blocks stash (the layer does
 // not fit the ring), the shape's widest granule. Qwen2.5's products all take 1.5 KB granules: its 2 KB
@@ -568,7 +533,7 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
-constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING || NPROD > 0 ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
+constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);
 constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
@@ -586,20 +551,7 @@ constexpr bool XS_FITS = XS_GAP_A > 0 && XS_GAP_A + XS_GAP_B >= NW;
 constexpr int STASH_XS = STASH && XS_FITS && XS_WANTED ? 1 : 0;
 constexpr int SM_FLOATS = (cmax(cmax(cmax(SM_MV, SM_ATTN), SM_SAMPLE), STASH_AT + STASH * NW * SLOT * 4) + SMEM_ALIGN / 4 - 1)
                         / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);
-// KOG_PRODUCERS: the pool past the ring (decode_ring.cuh): NSLOT slots of the layer products' widest granule, as
-// many as fit (the producers run that far ahead), their `full` and `empty` barriers, and the word that tells the
-// producers the block is done. At least a product's granules: a warp waits for a slot only after every granule
-// of the products before has been taken.
-constexpr int PSLOT = cmax(cmax(MQKV::U, MO::U), cmax(MGU::U, MDN::U)) * KOG_WAVE;  // 16-byte vectors
-constexpr int POOL_MIN = cmax(cmax(MQKV::MAXR * MQKV::NSEG, MO::MAXR * MO::NSEG), cmax(MGU::MAXR * MGU::NSEG, MDN::MAXR * MDN::NSEG));
-constexpr int POOL_AT = SM_FLOATS + RING_BYTES / 4;  // floats
-constexpr int NSLOT = NPROD == 0 ? 0 : KOG_POOL_SLOTS > 0 ? KOG_POOL_SLOTS
-                    : cmax(0, SMEM_LIMIT - POOL_AT * 4 - 16) / (PSLOT * 16 + 16) / NPROD * NPROD;
-constexpr int POOL_BYTES = NPROD == 0 ? 0 : NSLOT * (PSLOT * 16 + 16) + 16;
-static_assert(NPROD == 0 || (NSLOT >= POOL_MIN && NSLOT % NPROD == 0), "KOG_PRODUCERS: the pool holds a product's granules, a producer's own slots");
-static_assert(NPROD == 0 || (!STASH && (KOG_EXP <= 1 || (KOG_EXP >= 4 && KOG_EXP <= 7) || KOG_EXP == 11)),
-              "KOG_PRODUCERS: no stash, and no timing experiment on the layers' weight stream");
-constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES + POOL_BYTES;
+constexpr int SMEM_BYTES = SM_FLOATS * 4 + RING_BYTES;
 static_assert(SM_FLOATS * 4 % SMEM_ALIGN == 0 && ATT_T0 % 32 == 0 && TILE_F % 32 == 0, "the ring and the K/V tiles start on whole lines");
 static_assert(!ATT_EARLY || ATT_T0 + (ATT_STAGES - 1) * TBR * TILE_F >= SM_MV, "stage 0 clear of the products' region");
 static_assert(STASH_PACE >= 1, "a stashing warp keeps at least one granule in flight");
@@ -631,9 +583,8 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // matrix until that product's input is staged (QKV's: until the block's attention is done), so
 // the input's polls are not queued behind 96 KB of weight loads per block (PERF.md v12). Gate/up's
 // always wait (the O -> gate/up hop). Where a whole layer's weights per block fit in the ring
-// every phase's do: a refill issued early there gains nothing and delays the next input. (With
-// producers, KOG_PRODUCERS, the ring streams the LM head only, which never holds.)
-constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD : NPROD > 0 ? 0
+// every phase's do: a refill issued early there gains nothing and delays the next input.
+constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
@@ -656,7 +607,6 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     int stash_g0, stash_n;  // STASH: the next product's granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
     unsigned stash_group;   // groups right after the stash's last was committed
     bool lm8;               // LM_SCREEN and this launch screens: the LM head streams its int8 rows
-    unsigned pool_k;        // KOG_PRODUCERS: the block's layer granules taken from the pool so far
 #ifdef KOG_TRACE
     unsigned traced;       // refills recorded by trace_ring
 #endif

@@ -14,14 +14,9 @@
 // copies and later reads only its own 16-byte pieces, so a slot needs no barrier, only the
 // lane's own cp.async.wait_group.
 
-// The ring streams the LM head only where the layers' weights come from elsewhere: the producers' pool
-// (KOG_PRODUCERS, below), or nowhere (KOG_EXP 10, timing only: they stand resident, mv_run).
-constexpr bool RING_LM_ONLY = KOG_EXP == 10 || NPROD > 0;
-static_assert(!RING_LM_ONLY || VOCAB / NBLK >= NW, "every warp has LM head granules (else stream_settle never ends)");
-
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
-    if (RING_LM_ONLY) s.mat = MAT_LM;
+    if (KOG_EXP == 10) s.mat = MAT_LM;  // timing only: the layers' weights stand resident (mv_run)
     else if (s.mat == MAT_LM) s.mat = MAT_QKV, s.layer = 0;
     else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
     else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
@@ -45,6 +40,9 @@ __device__ __forceinline__ void stream_settle(Ctx& c) {
 __device__ __forceinline__ constexpr bool coded_for_timing(int mat) {
     return (KOG_EXP == 8 && mat != MAT_LM) || (KOG_EXP == 9 && (mat == MAT_GU || mat == MAT_DN));
 }
+__device__ __forceinline__ bool copies_three_quarters(const Stream& s, int i, int lane) {
+    return !coded_for_timing(s.mat) || i * KOG_WAVE + lane < 24 * s.src.u;
+}
 __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
     const unsigned sa = v.z & 0x87878787u, ob = (v.z >> 4) & 0x07070707u, sb = (v.z << 4) & 0x80808080u;
     const unsigned ha = sa + base4, hb = ob + sb + base4;
@@ -52,32 +50,24 @@ __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
                       __byte_perm(v.y, hb, 0x7362));
 }
 
-// A lane's copies of granule g of `src` into `slot` (of VECS 16-byte vectors: vector i of the granule's row
-// segment to slot[32 i + lane]); the granule's segment. pad: a partial granule's unused columns get zeros
-// (the stash's slots hold stale floats there, the ring's and the pool's only weights: ring_start, pool_init).
-// coded (KOG_EXP 8, 9): three quarters of its vectors only.
-template <int VECS>
-__device__ __forceinline__ int copy_granule(const Source& src, int g, int lane, uint4* slot, kog_u64 policy, bool pad, bool coded) {
-    const int row = src.nseg == 1 ? g : (int)__umulhi((unsigned)g, src.nseg_inv);  // no division
-    const int seg = g - row * src.nseg;
-    const int col0 = seg * KOG_WAVE * src.u + lane;
-    const uint4* from = src.tile + (size_t)row * src.kv + col0;
-#pragma unroll
-    for (int i = 0; i < VECS / KOG_WAVE; ++i)
-        if (KOG_EXP != 2 && i < src.u && col0 + i * KOG_WAVE < src.kv && (!coded || i * KOG_WAVE + lane < 24 * src.u)) {
-            if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + lane, from + i * KOG_WAVE);
-            else kog_cp_async16_evict_first(slot + i * KOG_WAVE + lane, from + i * KOG_WAVE, policy);
-        } else if (pad) {
-            slot[i * KOG_WAVE + lane] = make_uint4(0u, 0u, 0u, 0u);
-        }
-    return seg;
-}
-
 // Issue the warp's next granule of the stream into `slot` (one commit group per granule).
+// pad: a partial granule's unused columns get zeros (the stash's slots hold stale floats there,
+// the ring's only weights: ring_start).
 __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = false) {
     stream_settle(c);
     Stream& s = c.st;
-    const int seg = copy_granule<SLOT>(s.src, s.g, c.lane, slot, c.l2_policy, pad, coded_for_timing(s.mat));
+    const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
+    const int seg = s.g - row * s.src.nseg;
+    const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
+    const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
+#pragma unroll
+    for (int i = 0; i < SLOT / KOG_WAVE; ++i)
+        if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && copies_three_quarters(s, i, c.lane)) {
+            if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
+            else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
+        } else if (pad) {
+            slot[i * KOG_WAVE + c.lane] = make_uint4(0u, 0u, 0u, 0u);
+        }
     commit_group(c);
     trace_ring(c, min(KOG_WAVE * s.src.u, s.src.kv - seg * KOG_WAVE * s.src.u), s.mat, s.layer);
     s.g += NW;
@@ -87,81 +77,6 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
 __device__ __forceinline__ void ring_issue(Ctx& c) {
     stream_next(c, c.ring + (c.st.head % RING) * SLOT);
     ++c.st.head;
-}
-
-// ---- the producers' pool (KOG_PRODUCERS) -------------------------------------------------
-// Where NPROD producer warps copy the layers' weights, the compute warps' ring streams the LM head only and
-// the layer products take their granules from a pool: granule k of the block's layer stream (QKV, O, gate/up,
-// down of layer 0, 1, ..., token after token: the order mv_run takes them in) lands in slot k % NSLOT,
-// copied by producer k % NPROD with 16-byte copies. A slot's `full` barrier counts its producer's 32 lanes'
-// copies landing, its `empty` one the arrival of the warp that took the granule into registers; the
-// producers run ahead as far as the pool reaches. Why: issuing its own refills costs SmolLM2's compute
-// warps ~1.1 us a layer on the chain, wherever they are placed (PERF.md session 48), where two warps'
-// 16-byte copies carried its layer share in ~4 us beside twelve consumers (bench/stream_probe.py).
-// NSLOT is a multiple of NPROD, so a slot's laps are one producer's: the phase an `empty` wait names is
-// the barrier's current or last one, as parity waits need.
-constexpr unsigned POOL_N = cmax(NSLOT, 1), PRODS = cmax(NPROD, 1);  // (divisors: 1 where no pool is built)
-// (sm: the dynamic shared-memory region, Ctx::sm)
-__device__ __forceinline__ uint4* pool_slot(float* sm, unsigned s) { return reinterpret_cast<uint4*>(sm + POOL_AT) + s * PSLOT; }
-__device__ __forceinline__ kog_u64* pool_full(float* sm, unsigned s) {  // NSLOT full, NSLOT empty, the done word
-    return reinterpret_cast<kog_u64*>(sm + POOL_AT + NSLOT * PSLOT * 4) + s;
-}
-__device__ __forceinline__ kog_u64* pool_empty(float* sm, unsigned s) { return pool_full(sm, NSLOT + s); }
-__device__ __forceinline__ volatile int* pool_done(float* sm) { return reinterpret_cast<volatile int*>(pool_full(sm, 2 * NSLOT)); }
-
-// Every thread of the block, before its first barrier: the slots zeroed (a partial granule's unused columns
-// are then finite weights, as in the ring: ring_start), the barriers set up, no block done.
-__device__ void pool_init(const Ctx& c) {
-    for (int i = c.tid; i < NSLOT * PSLOT; i += NTHR_ALL) pool_slot(c.sm, 0)[i] = make_uint4(0u, 0u, 0u, 0u);
-    if (NPROD > 0 && c.tid == 0) {
-        for (int s = 0; s < NSLOT; ++s) kog_mbar_init(pool_full(c.sm, s), KOG_WAVE), kog_mbar_init(pool_empty(c.sm, s), 1);
-        *pool_done(c.sm) = 0;
-        kog_mbar_init_fence();
-    }
-}
-
-// Producer warp p (warp NW + p): the block's layer granules k = p, p + NPROD, ... into the pool, each once its
-// slot's last granule is taken, until the compute warps are done (pool_finish). Its waits are bounded by theirs:
-// however a launch ends, thread 0 of the compute warps says so on its way out.
-__device__ void produce_layers(const KParams* P, float* sm, int b, int p, int lane) {
-    const kog_u64 policy = kog_l2_evict_first();
-    for (unsigned k = 0;;) {  // (32 bits: ~47 granules a layer on SmolLM2, far past any launch's tokens)
-        for (int l = 0; l < NL; ++l)
-            for (int mat = MAT_QKV; mat <= MAT_DN; ++mat) {
-                const Source src = stream_source(mat, l, P->w, b, false);
-                for (int g = (p - (int)(k % PRODS) + NPROD) % PRODS; g < src.ngran; g += NPROD) {
-                    const unsigned kk = k + g, s = kk % POOL_N, lap = kk / POOL_N;
-                    while (lap > 0 && !kog_mbar_try(pool_empty(sm, s), (lap - 1) & 1u))
-                        if (*pool_done(sm)) return;
-                    copy_granule<PSLOT>(src, g, lane, pool_slot(sm, s), policy, false, false);
-                    kog_cp_async_arrive(pool_full(sm, s));
-                }
-                k += src.ngran;
-            }
-    }
-}
-// Thread 0 of the compute warps, as they leave: the producers stop.
-__device__ __forceinline__ void pool_finish(const Ctx& c) {
-    if (NPROD > 0 && c.tid == 0) *pool_done(c.sm) = 1;
-}
-
-// A compute warp: granule k's slot, once it has landed. A wait past the watchdog fails the launch, and then
-// every wait gives up at once (stale words go on, the pool's phases out of step from there: garbage tokens
-// until the block's next hop returns false, as after any failure).
-__device__ __noinline__ void pool_wait_landed(const KParams* P, kog_u64* full, unsigned parity) {
-    const kog_u64 t0 = kog_clock_ns();
-    for (int it = 1; !kog_mbar_try(full, parity); ++it)
-        if ((it & 15) == 1 && tagged_timeout(P, t0, 0xb0000000u)) return;
-}
-__device__ __forceinline__ const uint4* pool_take(const Ctx& c, unsigned k) {
-    const unsigned s = k % POOL_N, parity = k / POOL_N & 1u;
-    if (!kog_mbar_test(pool_full(c.sm, s), parity)) pool_wait_landed(c.P, pool_full(c.sm, s), parity);
-    return pool_slot(c.sm, s);
-}
-// A compute warp holds granule k in registers: its slot may take the next lap's.
-__device__ __forceinline__ void pool_give(const Ctx& c, unsigned k) {
-    kog_wave_sync();  // (every lane's reads of the slot are done before lane 0's arrival, which releases them)
-    if (c.lane == 0) kog_mbar_arrive(pool_empty(c.sm, k % POOL_N));
 }
 
 // STASH: where HBM would idle until the next big product (the attention and its hops before
@@ -211,8 +126,7 @@ __device__ void ring_start(Ctx& c) {
 #else
     c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
 #endif
-    c.st.pool_k = 0;
-    if (RING_LM_ONLY) c.st.mat = MAT_LM;
+    if (KOG_EXP == 10) c.st.mat = MAT_LM;
     c.st.src = stream_source(c.st.mat, 0, c.P->w, c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
@@ -255,7 +169,7 @@ __device__ __forceinline__ void ring_release_timed(Ctx& c) {
 }
 __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all threads, at the launch's end
 #ifdef KOG_RELEASE_CLOCK
-    block_sync();
+    __syncthreads();
     if (c.tid < RCLK_WORDS) {
         kog_u64 sum = 0;
         for (int w = 0; w < NW; ++w) sum += kog_release_sm[w * RCLK_WORDS + c.tid];
@@ -281,7 +195,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     // stands, with no wait, refill or release: what a layer whose weights were resident would cost
     // (KOG_PRODUCT_WARPS: its granules over that many warps only)
     constexpr bool RESIDENT = KOG_EXP == 10 && MAT != MAT_LM;
-    constexpr bool POOLED = NPROD > 0 && MAT != MAT_LM;  // granules from the producers' pool, not the ring
     constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
     static_assert(KOG_PRODUCT_WARPS == 0 || (KOG_EXP == 10 && !STASH && KOG_PRODUCT_WARPS <= NW),
                   "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
@@ -291,7 +204,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    if (!RESIDENT && !POOLED) ring_release_timed<MAT>(c);  // the input is staged: refill now
+    if (!RESIDENT) ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
 #if KOG_EXP == 8 || KOG_EXP == 9
@@ -324,12 +237,10 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     for (int g = c.warp; g < ngran; g += NWP) {
         // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
         const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
-        if (!stashed && !RESIDENT && !POOLED) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
-        const uint4* slot;
-        if constexpr (POOLED) slot = pool_take(c, c.st.pool_k + g);  // (if constexpr: nothing of it in a build without)
-        else slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
+        if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
+        const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         // the U loads first, then U independent dot products: with inputs in registers a column
         // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
@@ -337,7 +248,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
 #pragma unroll
         for (int i = 0; i < M::U; ++i)
             if (X_IN_REGS || M::FULL || seg * M::SEGW + i * KOG_WAVE + c.lane < M::KV) wv[i] = slot[i * KOG_WAVE + c.lane];
-        if constexpr (POOLED) pool_give(c, c.st.pool_k + g);
         if constexpr (M::INT8) {  // (zero inputs past the row: its slot's stale bytes add nothing)
             int sh[M::U], sl[M::U];
 #pragma unroll
@@ -379,7 +289,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
             }
         }
         if (g + NWP >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
-        if (stashed || RESIDENT || POOLED) continue;  // no ring slot emptied
+        if (stashed || RESIDENT) continue;  // no ring slot emptied
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
         // that the wait above still finds RING groups after the oldest). Never after the LM head:
@@ -389,6 +299,5 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         else ring_issue(c);
     }
     if (STASHED) c.st.stash_n = 0;
-    if constexpr (POOLED) c.st.pool_k += mv_ngran<M>(c.b);
     trace_mv(c, MAT, 3);
 }

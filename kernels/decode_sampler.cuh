@@ -42,7 +42,7 @@ __device__ void publish_block_best(const Ctx& c, Best x) {
     float* sv = c.red16;
     int* si = c.sint + 8;
     if (c.lane == 0) sv[c.warp] = x.v, si[c.warp] = x.i;
-    block_sync();
+    __syncthreads();
     if (c.tid == 0) {
         Best y = {sv[0], si[0]};
         for (int w = 1; w < NW; ++w)
@@ -50,7 +50,7 @@ __device__ void publish_block_best(const Ctx& c, Best x) {
         c.P->slot_val[c.b] = y.v;
         c.P->slot_idx[c.b] = y.i;
     }
-    block_sync();
+    __syncthreads();
 }
 
 // One wave: the best (value, index) over every block's published candidate.
@@ -102,7 +102,7 @@ __device__ void sample_bins(const Ctx& c, float smax) {
     unsigned* hc = reinterpret_cast<unsigned*>(c.sm);
     kog_u64* hm = reinterpret_cast<kog_u64*>(c.sm + NBINS + 2);  // 8-byte aligned (NBINS even)
     for (int i = c.tid; i < NBINS; i += NTHR) hc[i] = 0, hm[i] = 0;
-    block_sync();
+    __syncthreads();
     const int r0 = MLM::row0(c.b), r1 = MLM::row0(c.b + 1);
     for (int r = r0 + c.tid; r < r1; r += NTHR) {
         const float p = prob_of(kog_ldcg_u32(P->keys + r), smax);
@@ -111,7 +111,7 @@ __device__ void sample_bins(const Ctx& c, float smax) {
         atomicAdd(hc + bin, 1u);
         atomicAdd(hm + bin, fix_of(p));
     }
-    block_sync();
+    __syncthreads();
     for (int i = c.tid; i < NBINS; i += NTHR)
         if (hc[i]) {
             atomicAdd(P->hist_cnt + i, hc[i]);
@@ -149,13 +149,13 @@ __device__ kog_u64 block_excl_scan(const Ctx& c, kog_u64 v, kog_u64* scratch, ko
         if (c.lane >= d) inc += o;
     }
     if (c.lane == 31) scratch[c.warp] = inc;
-    block_sync();
+    __syncthreads();
     kog_u64 before = 0, all = 0;
     for (int w = 0; w < NW; ++w) {
         if (w < c.warp) before += scratch[w];
         all += scratch[w];
     }
-    block_sync();
+    __syncthreads();
     if (total) *total = all;
     return before + inc - v;
 }
@@ -186,27 +186,27 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
     auto cross = [&](kog_u64 cum) { return strict ? cum > T : cum >= T; };
     // 1. the bin where it happens
     if (c.tid == 0) s.misc[0] = -1;
-    block_sync();
+    __syncthreads();
     for (int b = c.tid; b < NBINS; b += NTHR) {
         const kog_u64 cum = mode == 0 ? (kog_u64)s.cnt[b] : s.mass[b];
         const kog_u64 prev = b == 0 ? 0 : (mode == 0 ? (kog_u64)s.cnt[b - 1] : s.mass[b - 1]);
         if (cross(cum) && (b == 0 || !cross(prev))) s.misc[0] = b;
     }
-    block_sync();
+    __syncthreads();
     const int bstar = s.misc[0];
     Sel r = {0, -1, -1, 0};
-    block_sync();
+    __syncthreads();
     if (bstar < 0) return r;
     const kog_u64 cnt_before = bstar ? s.cnt[bstar - 1] : 0;
     const kog_u64 mass_before = bstar ? s.mass[bstar - 1] : 0;
     // 2. gather that bin's members
     if (c.tid == 0) s.misc[1] = 0;
-    block_sync();
+    __syncthreads();
     for_each_in_bin(c, bstar, [&](int i) {
         const int at = atomicAdd(s.misc + 1, 1);
         if (at < CAP) s.ckey[at] = kog_ldcg_u32(P->keys + i), s.cidx[at] = i;
     });
-    block_sync();
+    __syncthreads();
     int n = s.misc[1];
     if (n > CAP) {
         if (c.tid == 0) atomicAdd(P->status + ST_APPROX, 1);
@@ -215,7 +215,7 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
     int n2 = 2;
     while (n2 < n) n2 <<= 1;
     for (int i = n + c.tid; i < n2; i += NTHR) s.ckey[i] = 0u, s.cidx[i] = 0x7fffffff;
-    block_sync();
+    __syncthreads();
     // 3. bitonic sort into sorted order
     for (int k = 2; k <= n2; k <<= 1) {
         for (int j = k >> 1; j > 0; j >>= 1) {
@@ -230,7 +230,7 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
                     if (swap) s.ckey[i] = kb, s.ckey[ixj] = ka, s.cidx[i] = ib, s.cidx[ixj] = ia;
                 }
             }
-            block_sync();
+            __syncthreads();
         }
     }
     // 4. running sums inside the bin
@@ -240,7 +240,7 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
     for (int i = a0; i < a1; ++i) mine += mode == 0 ? 1ull : fix_of(prob_of(s.ckey[i], smax));
     const kog_u64 excl = block_excl_scan(c, mine, s.scan, nullptr);
     if (c.tid == 0) s.misc[2] = -1;
-    block_sync();
+    __syncthreads();
     {
         kog_u64 run = (mode == 0 ? cnt_before : mass_before) + excl;
         for (int i = a0; i < a1; ++i) {
@@ -249,10 +249,10 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
             if (cross(run) && !cross(before)) s.misc[2] = i;
         }
     }
-    block_sync();
+    __syncthreads();
     const int j = s.misc[2];
     if (j < 0) {  // only when the bin overflowed CAP
-        block_sync();
+        __syncthreads();
         return r;
     }
     // mass up to and including j
@@ -264,7 +264,7 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
     r.idx = s.cidx[j];
     r.pos = (long long)cnt_before + j;
     r.mass_incl = mass_before + tot;
-    block_sync();
+    __syncthreads();
     return r;
 }
 
@@ -272,15 +272,15 @@ __device__ Sel select(const Ctx& c, SampleSmem& s, int mode, kog_u64 T, bool str
 __device__ long long count_at_least(const Ctx& c, SampleSmem& s, float thr, float smax) {
     const int bm = bin_of(thr);
     if (c.tid == 0) s.misc[3] = 0;
-    block_sync();
+    __syncthreads();
     int mine = 0;
     for_each_in_bin(c, bm, [&](int i) {
         if (prob_of(kog_ldcg_u32(c.P->keys + i), smax) >= thr) ++mine;
     });
     atomicAdd(s.misc + 3, mine);
-    block_sync();
+    __syncthreads();
     const long long n = (long long)(bm ? s.cnt[bm - 1] : 0) + s.misc[3];
-    block_sync();
+    __syncthreads();
     return n;
 }
 
@@ -316,7 +316,7 @@ __device__ int sample_token(const Ctx& c, int step, float smax) {
         mex += ml[k];
         if (b < NBINS) s.cnt[b] = (unsigned)cex, s.mass[b] = mex;
     }
-    block_sync();
+    __syncthreads();
     const long long V = (long long)ctot;
     const kog_u64 Z = mtot;
     const long long top_k = P->top_k;

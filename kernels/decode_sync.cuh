@@ -154,7 +154,7 @@ __device__ bool wave_wait(const Ctx& c, int lo, int hi, unsigned target) {
 // All threads: wait for every block to finish phase `target`.
 __device__ bool wait_all(Ctx& c, unsigned target) {
     const bool ok = c.warp == 0 ? wave_wait(c, 0, NBLK - 1, target) : true;
-    const bool all = block_sync_and(ok);
+    const bool all = __syncthreads_and(ok);
     trace_event(c);
     return all;
 }
@@ -162,14 +162,14 @@ __device__ bool wait_all(Ctx& c, unsigned target) {
 // All threads: this block is done with the current phase (its outputs are tagged words).
 __device__ __forceinline__ void end_phase(Ctx& c) {
     ++c.epoch;
-    block_sync();
+    __syncthreads();
     trace_event(c);
 }
 
 // All threads: this block is done with the current phase, and says so in its flag.
 __device__ __forceinline__ void arrive(Ctx& c) {
     ++c.epoch;
-    block_sync();
+    __syncthreads();
     trace_event(c);
     if (c.tid == 0) kog_st_release_u32(c.P->flags + c.b, c.epoch);  // release covers the block (bar.sync)
 }
@@ -395,7 +395,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
     // the wave sum before the barrier: the wave left its poll loop as one (PERF.md session 30)
     ss = kog_wave_sum(ss);
     if (c.lane == 0) c.red16[c.warp] = ss;
-    if (!block_sync_and(ok)) return false;
+    if (!__syncthreads_and(ok)) return false;
     trace_norm(c, traced, 2);
     ss = 0.f;
 #pragma unroll
@@ -409,7 +409,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
         if (T::has(c.tid, k))
             *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) =
                 make_float2(x.v[k].x * r * g[k].x, x.v[k].y * r * g[k].y);
-    block_sync();
+    __syncthreads();
     trace_norm(c, traced, 4);
     return true;
 }
@@ -423,5 +423,5 @@ __device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k)) *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = x.v[k];
-    return block_sync_and(ok);
+    return __syncthreads_and(ok);
 }

@@ -11,9 +11,6 @@
 //   - 16-byte asynchronous copies global -> shared (the weight ring, attention tiles), the
 //     weights' marked evict-first in L2 (read once per token: they must not push out the KV
 //     cache and the vectors blocks hand each other)
-//   - barriers of part of a block (the compute warps, where producer warps run their own loop),
-//     shared-memory barriers that count arrivals and copies landed (the producers' pool of weights),
-//     and registers handed between warpgroups (sm_90a)
 //   - L2-only ("cache global") loads for data other blocks wrote during this launch: L1 is
 //     not coherent across multiprocessors, so a plain load could hit a stale line
 // No standard headers: NVRTC compiles this without a host toolchain.
@@ -54,51 +51,6 @@ __device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FUL
 __device__ __forceinline__ bool kog_wave_any(bool p) { return __any_sync(KOG_FULL_MASK, p); }
 __device__ __forceinline__ unsigned kog_wave_ballot(bool p) { return __ballot_sync(KOG_FULL_MASK, p); }  // bit per lane
 __device__ __forceinline__ void kog_wave_sync() { __syncwarp(); }
-
-// ---- barriers of part of a block ---------------------------------------------------------
-// The first N threads of a block (whole waves) meet at named barrier 1 (barrier 0 is __syncthreads');
-// the _and form is true where every one of them passed true.
-template <int N>
-__device__ __forceinline__ void kog_bar_sync_first() { asm volatile("bar.sync 1, %0;" ::"n"(N) : "memory"); }
-template <int N>
-__device__ __forceinline__ bool kog_bar_and_first(bool p) {
-    unsigned r;
-    asm volatile("{ .reg .pred pi, po; setp.ne.u32 pi, %1, 0; bar.red.and.pred po, 1, %2, pi; selp.u32 %0, 1, 0, po; }"
-                 : "=r"(r) : "r"((unsigned)p), "n"(N) : "memory");
-    return r != 0;
-}
-
-// ---- registers between a block's warpgroups (sm_90a builds) -----------------------------------
-// A warpgroup (4 warps, all of them) hands its registers down to N a thread, or claims up to N from what
-// others handed back (setmaxnreg; a claim waits until the registers are free).
-template <int N>
-__device__ __forceinline__ void kog_regs_release() { asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(N) : "memory"); }
-template <int N>
-__device__ __forceinline__ void kog_regs_claim() { asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(N) : "memory"); }
-
-// ---- shared-memory barriers (mbarrier) ---------------------------------------------------
-// A barrier completes a phase once `count` arrivals are in; a waiter names the phase by its parity.
-__device__ __forceinline__ unsigned kog_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-__device__ __forceinline__ void kog_mbar_init(kog_u64* m, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(kog_smem_addr(m)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void kog_mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
-// Has the phase of parity `parity` completed? test: at once; try: after the thread waited a while.
-__device__ __forceinline__ bool kog_mbar_test(kog_u64* m, unsigned parity) {
-    unsigned r;
-    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(r) : "r"(kog_smem_addr(m)), "r"(parity) : "memory");
-    return r != 0;
-}
-__device__ __forceinline__ bool kog_mbar_try(kog_u64* m, unsigned parity) {
-    unsigned r;
-    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(r) : "r"(kog_smem_addr(m)), "r"(parity) : "memory");
-    return r != 0;
-}
-__device__ __forceinline__ void kog_mbar_arrive(kog_u64* m) {  // (release: the thread's reads before it are done)
-    asm volatile("{ .reg .b64 st; mbarrier.arrive.shared::cta.b64 st, [%0]; }" ::"r"(kog_smem_addr(m)) : "memory");
-}
 
 // ---- memory model ------------------------------------------------------------------------
 __device__ __forceinline__ int kog_ld_relaxed_s32(const int* p) {
@@ -191,10 +143,6 @@ __device__ __forceinline__ kog_u64 kog_l2_evict_first() {
     kog_u64 p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
-}
-// One arrival on m once every copy this thread issued so far has landed (counted in m's `count`).
-__device__ __forceinline__ void kog_cp_async_arrive(kog_u64* m) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];" ::"r"(kog_smem_addr(m)) : "memory");
 }
 __device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void kog_cp_async_wait_all() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }

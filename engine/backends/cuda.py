@@ -239,16 +239,14 @@ class CudaBackend(Backend):
 
     def _load_modules(self) -> None:
         cp = self.cp
-        # (KOG_COMPUTE_REGS, a timing knob of bench/, hands registers between warpgroups: the sm_90a features)
-        dec_arch = self.arch + ("a" if "KOG_COMPUTE_REGS" in self._extra_defines else "")
-        dec = compile_kernels("decode.cu", self._defines(), dec_arch, self._kernel_dir, self._nvrtc_options)
+        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
         pre = compile_kernels("prefill.cu", {}, self.arch)
         try:
             self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
             self.k_decode = self.mod.get_function("kog_decode")
         except Exception as e:  # a stale or broken cache entry: rebuild once
             dec.unlink(missing_ok=True)
-            dec = compile_kernels("decode.cu", self._defines(), dec_arch, self._kernel_dir, self._nvrtc_options)
+            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
             try:
                 self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
                 self.k_decode = self.mod.get_function("kog_decode")
@@ -256,7 +254,7 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        info = cp.zeros(19, dtype=cp.int64)
+        info = cp.zeros(18, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
         self.kernel_info = {
@@ -265,7 +263,7 @@ class CudaBackend(Backend):
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
             "xsum_words": int(info[15]), "rec_words": int(info[16]) or self.config.head_dim + 2,
-            "lm_screen": bool(info[17]), "producers": int(info[18]),
+            "lm_screen": bool(info[17]),
         }
         if self.kernel_info["lm_screen"]:
             self.lay.add_lm_screen(self.config)
@@ -280,7 +278,7 @@ class CudaBackend(Backend):
                   k["nblk"], k["nbins"], k["xsum_words"])
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
-        self.nthr = k["nthr"]  # threads per block (kernels: NTHR_ALL, the compute warps and any producer warps)
+        self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
         try:
             from cupy_backends.cuda.api import driver
 
