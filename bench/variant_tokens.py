@@ -26,12 +26,16 @@ from bench.random_models import gpu_timing_model, random_prompt
 TOKENS = 256
 
 
-def decoded_tokens(lm, label: str, prompt: list[int], params) -> list[int]:
+def decoded_tokens(lm, label: str, prompt: list[int], modes: dict) -> dict[str, list[int]]:
+    """One build's tokens after the prompt, for each mode's sampling parameters."""
     be = build(lm, label, {}, len(prompt))
     try:
-        be.truncate(0)
-        be.prefill(prompt)
-        return [int(t) for t in be.decode(params, prompt, TOKENS, set())]
+        out = {}
+        for mode, params in modes.items():
+            be.truncate(0)
+            be.prefill(prompt)
+            out[mode] = [int(t) for t in be.decode(params, prompt, TOKENS, set())]
+        return out
     finally:
         be.close()
 
@@ -49,20 +53,20 @@ def main() -> int:
             ap.error(problem)
     from engine.sampling import SamplingParams
 
-    modes = [("greedy", SamplingParams())]
+    modes = {"greedy": SamplingParams()}
     if args.sampled:
-        modes.append(("sampled", SamplingParams(temperature=0.8, top_p=0.95, seed=7)))
+        modes["sampled"] = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
     lm = gpu_timing_model(args.model)
     same = True
     for ctx in (int(c) for c in args.contexts.split(",")):
         prompt = random_prompt(lm.config.vocab_size, ctx, np.random.default_rng(11 + ctx))
-        for mode, params in modes:
-            reference = decoded_tokens(lm, "full", prompt, params)
-            for label in labels:
-                tokens = decoded_tokens(lm, label, prompt, params)
-                first = next((i for i, (a, b) in enumerate(zip(tokens, reference)) if a != b), None)
-                if first is None and len(tokens) != len(reference):
-                    first = min(len(tokens), len(reference))
+        reference = decoded_tokens(lm, "full", prompt, modes)
+        for label in labels:
+            decoded = decoded_tokens(lm, label, prompt, modes)
+            for mode, tokens in decoded.items():
+                first = next((i for i, (a, b) in enumerate(zip(tokens, reference[mode])) if a != b), None)
+                if first is None and len(tokens) != len(reference[mode]):
+                    first = min(len(tokens), len(reference[mode]))
                 same &= first is None
                 verdict = "identical" if first is None else f"DIFFERENT from token {first}"
                 print(f"{args.model}, {ctx}-token prompt, {mode}, {label}: {verdict} ({len(tokens)} tokens)", flush=True)

@@ -16,6 +16,9 @@ CHATML = (
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 TINY_VOCAB = 320
+# Greedy tokens may part from a reference only where its top-2 logits are closer than TIE x the logits'
+# spread: a near-tie that fp32 summation order alone may break either way.
+TIE = 2e-3
 
 TINY_ARCHS = {
     "llama": dict(

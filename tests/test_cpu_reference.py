@@ -11,12 +11,9 @@ transformers = pytest.importorskip("transformers")
 from engine.backends.cpu import CpuBackend  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
-from tests.conftest import TINY_ARCHS, TINY_VOCAB, make_tiny_model  # noqa: E402
+from tests.conftest import TIE, TINY_ARCHS, TINY_VOCAB, make_tiny_model  # noqa: E402
 
 GREEDY_TOKENS = 64
-# Top-2 logits closer than TIE x the logits' spread: a near-tie that fp32 summation order alone may break
-# either way (as in tests/test_cuda_backend.py).
-TIE = 2e-3
 
 
 def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:

@@ -45,6 +45,7 @@ from engine.backends.cpu import CpuBackend  # noqa: E402
 from engine.backends.cuda import CudaBackend  # noqa: E402
 from engine.errors import KogError  # noqa: E402
 from engine.sampling import SamplingParams, sample  # noqa: E402
+from tests.conftest import TIE  # noqa: E402
 
 SEED = int(os.environ.get("KOG_TEST_SEED", time.time_ns() % (1 << 31)))
 N_GEN = 128
@@ -52,7 +53,6 @@ PROMPT = 32
 CPU_TOKENS = {"smollm2-135m": N_GEN}  # the numpy reference is slow at 1-2B parameters
 CPU_TOKENS_DEFAULT = 16
 MODELS = [m for m in os.environ.get("KOG_TEST_MODELS", ",".join(SHAPES)).split(",") if m]
-TIE = 2e-3
 SMALL = "smollm2-135m"
 GREEDY = SamplingParams()
 
