@@ -113,6 +113,58 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
     return ok;
 }
 
+// MERGE_WHOLE, with at most one record a warp (short contexts): each warp polls its record's values,
+// max and sum together into registers, so that a record published late costs one round trip after
+// it lands (polling its max and sum, then loading its values took two; PERF.md session 51's trace:
+// the merge ends 0.8 / 1.6 us (median / max) after the last record is published), stages them in
+// shared memory, and the head's first warp weights them in order (deterministic). All threads of
+// the unit: `rec` this warp's record (`has`), `first` the head's first warp (its records follow in
+// `scratch`), `out` the merged head.
+__device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool first, int nbc, kog_u64* out, unsigned tag,
+                                float* scratch) {
+    constexpr int RS = D + 2;  // a staged record: D values, max, sum
+    const int lane = c.lane;
+    bool ok = true;
+    if (has) {
+        kog_u64 x[DL];
+        ulonglong2 ms;
+        kog_u64 t0 = 0;
+        for (int it = 1;; ++it) {
+#pragma unroll
+            for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
+            ms = kog_ld_tagged2(rec + D);
+            bool fresh = tag_ready(ms.x, tag) && tag_ready(ms.y, tag);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) fresh &= tag_ready(x[i], tag);
+            if (kog_wave_all(fresh)) break;
+            if (!poll_again(c, it, t0, tag)) {
+                ok = false;
+                break;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DL; ++i) scratch[c.warp * RS + lane + 32 * i] = kog_value_of(x[i]);
+        if (lane == 0) scratch[c.warp * RS + D] = kog_value_of(ms.x), scratch[c.warp * RS + D + 1] = kog_value_of(ms.y);
+    }
+    __syncthreads();
+    if (first) {  // the largest max, then the records weighted in order
+        const float* st = scratch + c.warp * RS;
+        float Mx = -KOG_INF, L = 0.f, o[DL];
+        for (int j = 0; j < nbc; ++j) Mx = fmaxf(Mx, st[j * RS + D]);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        for (int j = 0; j < nbc; ++j) {
+            const float wt = expf(st[j * RS + D] - Mx);
+            L = fmaf(wt, st[j * RS + D + 1], L);
+#pragma unroll
+            for (int i = 0; i < DL; ++i) o[i] = fmaf(wt, st[j * RS + lane + 32 * i], o[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < DL; ++i) kog_st_tagged(out + lane + 32 * i, o[i] / L, tag);
+    }
+    return ok;
+}
+
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
 // heads it owns into P->attn. `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
@@ -130,6 +182,8 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     }
     const kog_u64* pr0 = c.P->part + ((long long)(g * MAXCH) * G + h) * REC_W;  // unit 0's record of head h
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
+    if (MERGE_WHOLE && chunk == 1) return att_merge_whole(c, pr0 + jlo * CS, merging && jlo < jhi, merging && part == 0,
+                                                          nbc, c.P->attn + (long long)(g * G + h) * D, tag, scratch);
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
 #pragma unroll
@@ -181,6 +235,68 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     return ok;
 }
 
+// One warp's part of a tile, folded into its online softmax state (m, lsum, acc): rows sub x PP ..
+// of the tile at position base, S lanes a row (lane r + PP x s takes row r's 16-byte chunks s, s + S,
+// ..: the 8 lanes of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches
+// per row. Row jn is the new position (the last of the context) when this tile holds it: its k comes
+// from shared memory (ks), its v after the tile's rows; rows past the context get weight 0 (exact
+// zeros below).
+template <int S>
+__device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot, const float* q, const float* ks, const float* vs, float* pw,
+                                         int base, int sub, int L, int pos, float& m, float& lsum, float (&acc)[DL]) {
+    constexpr int PP = 32 / S;  // the warp's rows
+    static_assert(S <= 8 && (D / 4) % S == 0, "a warp takes at least four rows, a lane whole 16-byte chunks");
+    const int nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32, p0 = sub * PP;
+    if (S > 1 && p0 >= nv) return;  // warp-uniform: none of its rows is in the context
+    const float* kt = tiles + kslot * TILE_F;
+    const float* vt = kt + 32 * KT;
+    const int r = S == 1 ? lane : lane % PP, sc = S == 1 ? 0 : lane / PP, row = p0 + r;
+    const bool valid = row < nv;
+    const float* kp = row < jn ? kt + row * KT : ks;
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
+#pragma unroll
+    for (int j = 0; j < D / 4 / S; ++j) {
+        const int d4 = sc + S * j;
+        const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
+        const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
+        s4[j & 3] = fmaf(kv.x, qv.x, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.y, qv.y, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.z, qv.z, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.w, qv.w, s4[j & 3]);
+    }
+    float dot = (s4[0] + s4[1]) + (s4[2] + s4[3]);
+#pragma unroll
+    for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
+    const float sv = valid ? dot * SCALE : -KOG_INF;
+    const float mn = fmaxf(m, kog_wave_max(sv));
+    const float corr = expf(m - mn);
+    const float pe = valid ? expf(sv - mn) : 0.f;
+    lsum = lsum * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
+#pragma unroll
+    for (int i = 0; i < DL; ++i) acc[i] *= corr;
+    m = mn;
+    // P x V: the weights through shared memory (four per read), rows in order. The tile's V rows
+    // from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the new row's product
+    // comes last, as if in place: the same sums as reading it in order (but for the sign of a zero).
+    if (sc == 0) pw[r] = pe;
+    kog_wave_sync();
+#pragma unroll
+    for (int j4 = 0; j4 < PP / 4; ++j4) {
+        const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
+        const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
+#pragma unroll
+        for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+            for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i], acc[i]);
+    }
+    if (S == 1 ? jn < 32 : jn >= p0 && jn < p0 + PP) {  // warp-uniform: the new position is among the warp's rows
+        const float wn = pw[jn - p0];
+#pragma unroll
+        for (int i = 0; i < DL; ++i) acc[i] = fmaf(wn, vs[lane + 32 * i], acc[i]);
+    }
+    kog_wave_sync();  // pw is rewritten next round
+}
+
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
     const int L = pos + 1;
@@ -190,7 +306,10 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
     const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head appends this token's k and v to the cache
     const int lane = c.lane, warp = c.warp;
-    const int hq = warp % gh, kslot = warp / gh;  // this warp's query head (of the unit's gh) and tile slot
+    // this warp's query head (of the unit's gh), tile slot and part of the tile (att_split)
+    const int split = ATT_RMAX > 0 ? att_split(gh) : ATT_SPLIT_MAX, hq = warp % gh, jslot = warp / gh;
+    const int kslot = ATT_SPLIT_MAX > 1 ? jslot % TBR : jslot, sub = ATT_SPLIT_MAX > 1 ? jslot / TBR : 0;
+    const bool busy = ATT_SPLIT_MAX > 1 ? sub < split : kslot < TBR;
     trace_att(c, l, u, 0);
 
     float* qs = c.sm;          // [gh][D] roped queries (room for G)
@@ -273,55 +392,11 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         __syncthreads();
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
-        if (kslot < TBR && tile < t1 && KOG_EXP != 1) {  // warp-uniform
-            // Straight-line code, no branches per position. Row jn is the new position (the last
-            // of the context) when this tile holds it: its k comes from shared memory (ks), its v
-            // after the tile's rows; rows past the context get weight 0 (exact zeros below).
-            const int base = tile * 32, nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32;
-            const float* kt = round_tiles + kslot * TILE_F;
-            const float* vt = kt + 32 * KT;
-            const bool valid = lane < nv;
-            const float* kp = lane < jn ? kt + lane * KT : ks;
-            float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
-#pragma unroll
-            for (int d4 = 0; d4 < D / 4; ++d4) {
-                const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
-                const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
-                s4[d4 & 3] = fmaf(kv.x, qv.x, s4[d4 & 3]);
-                s4[d4 & 3] = fmaf(kv.y, qv.y, s4[d4 & 3]);
-                s4[d4 & 3] = fmaf(kv.z, qv.z, s4[d4 & 3]);
-                s4[d4 & 3] = fmaf(kv.w, qv.w, s4[d4 & 3]);
-            }
-            const float sv = valid ? ((s4[0] + s4[1]) + (s4[2] + s4[3])) * SCALE : -KOG_INF;
-            const float mn = fmaxf(m, kog_wave_max(sv));
-            const float corr = expf(m - mn);
-            const float pe = valid ? expf(sv - mn) : 0.f;
-            lsum = lsum * corr + kog_wave_sum(pe);
-#pragma unroll
-            for (int i = 0; i < DL; ++i) acc[i] *= corr;
-            m = mn;
-            // P x V: the weights through shared memory (four per read), rows in order. The tile's
-            // V rows from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the
-            // new row's product comes last, as if in place: the same sums as reading it in order
-            // (but for the sign of a zero).
-            float* pw = pbuf + warp * 32;
-            pw[lane] = pe;
-            kog_wave_sync();
-#pragma unroll
-            for (int j4 = 0; j4 < 8; ++j4) {
-                const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
-                const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
-#pragma unroll
-                for (int jj = 0; jj < 4; ++jj)
-#pragma unroll
-                    for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(4 * j4 + jj) * D + lane + 32 * i], acc[i]);
-            }
-            if (jn < 32) {  // warp-uniform: this tile holds the new position
-                const float wn = pw[jn];
-#pragma unroll
-                for (int i = 0; i < DL; ++i) acc[i] = fmaf(wn, vs[lane + 32 * i], acc[i]);
-            }
-            kog_wave_sync();  // pw is rewritten next round
+        if (busy && tile < t1 && KOG_EXP != 1) {  // warp-uniform
+            if (ATT_SPLIT_MAX >= 8 && split == 8) att_tile<8>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 4 && split == 4) att_tile<4>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 2 && split == 2) att_tile<2>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
+            else att_tile<1>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
         }
         trace_att(c, l, u, 7);
         __syncthreads();  // the tile buffers are refilled next round
@@ -333,19 +408,21 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
     if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
     __syncthreads();
-    // the warps of a head with a tile slot (slots past TBR took no tile)
-    constexpr int SLOTS = ATT_RMAX > 0 ? TBR : NW / G;
+    // the warps of a head with a tile slot (slots past TBR x split took no tile)
+    constexpr int SLOTS_MAX = ATT_RMAX > 0 ? TBR * ATT_SPLIT_MAX : NW / G;
+    const int slots = ATT_RMAX > 0 ? TBR * split : SLOTS_MAX;
     if (warp < gh) {
-        const float mw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
-        const float lw = lane < SLOTS ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
+        const float mw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
+        const float lw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
         const float M = kog_wave_max(mw);
-        const float wc = lane < SLOTS && mw > -KOG_INF ? expf(mw - M) : 0.f;
+        const float wc = lane < slots && mw > -KOG_INF ? expf(mw - M) : 0.f;
         const float Ls = kog_wave_sum(wc * lw);
         float o[DL];
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] = 0.f;
 #pragma unroll
-        for (int j = 0; j < SLOTS; ++j) {
+        for (int j = 0; j < SLOTS_MAX; ++j) {
+            if (j >= slots) break;  // block-uniform
             const float w = kog_shfl(wc, j);
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);

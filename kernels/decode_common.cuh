@@ -30,6 +30,12 @@
 #ifndef KOG_ATT_TBR  // timing experiments: attention tiles per round (0: TBR below)
 #define KOG_ATT_TBR 0
 #endif
+#ifndef KOG_ATT_SPLIT  // timing experiments: warps a (query head, tile) pair takes at most (ATT_SPLIT_MAX below;
+#define KOG_ATT_SPLIT -1  // -1: by shape, 1: a warp a pair)
+#endif
+#ifndef KOG_MERGE_WHOLE  // timing experiments: the attention units' merge polls each record whole where a warp takes
+#define KOG_MERGE_WHOLE 0  // one (att_merge_whole; 0: its max and sum first, then its values)
+#endif
 #ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
 #define KOG_LANE_SUMS 4   // 0: every product sums its granules by shuffles)
 #endif
@@ -141,6 +147,7 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
+constexpr bool MERGE_WHOLE = KOG_MERGE_WHOLE != 0;
 // Words of one (unit, query head) record of the attention in P->part: D values, the max and the sum.
 // By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
 // warps reading different heads' records never load the same line in one round: in
@@ -155,6 +162,14 @@ constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phas
 constexpr int TBR = KOG_ATT_TBR > 0 ? KOG_ATT_TBR
                   : cmin(cmin((ATT_BUDGET - ATT_TILES) / TILE_F, NW / G), CM_MAX > 0 ? 3 : NW);
 static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv head's query heads, k and v, and a round's tiles");
+// Where a unit's gh x TBR (query head, tile) pairs leave warps idle (Qwen2.5's one-head groups: 2
+// pairs on 12 warps; Qwen3: 4), a tile's positions are split over `split` warps, `split` lanes a
+// position (att_tile), so that its math runs in 1 / split of the steps. Powers of two up to
+// ATT_SPLIT_MAX; with whole head groups (ATT_RMAX 0) gh is G at every position and the split fixed.
+__host__ __device__ constexpr int pow2_floor(int x) { return x >= 32 ? 32 : x >= 16 ? 16 : x >= 8 ? 8 : x >= 4 ? 4 : x >= 2 ? 2 : 1; }
+constexpr int ATT_SPLIT_BY_SHAPE = cmin(8, pow2_floor(NW / ((ATT_RMAX > 0 ? 1 : G) * TBR)));  // (att_tile: four rows a warp at least)
+constexpr int ATT_SPLIT_MAX = KOG_ATT_SPLIT > 0 ? cmin(pow2_floor(KOG_ATT_SPLIT), ATT_SPLIT_BY_SHAPE) : ATT_SPLIT_BY_SHAPE;
+__device__ __forceinline__ int att_split(int gh) { return ATT_SPLIT_MAX == 1 ? 1 : cmin(ATT_SPLIT_MAX, pow2_floor(NW / (gh * TBR))); }
 
 // ---- the attention's plan: which blocks run which (kv head, query heads, tiles) -----------
 __host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, int& tpu) {

@@ -46,6 +46,8 @@ __device__ __forceinline__ int kog_dot4_i8(unsigned a, unsigned b, int c) { retu
 template <typename T>
 __device__ __forceinline__ T kog_shfl(T v, int src) { return __shfl_sync(KOG_FULL_MASK, v, src); }
 template <typename T>
+__device__ __forceinline__ T kog_shfl_xor(T v, int m) { return __shfl_xor_sync(KOG_FULL_MASK, v, m); }
+template <typename T>
 __device__ __forceinline__ T kog_shfl_up(T v, int d) { return __shfl_up_sync(KOG_FULL_MASK, v, d); }
 __device__ __forceinline__ bool kog_wave_all(bool p) { return __all_sync(KOG_FULL_MASK, p); }
 __device__ __forceinline__ bool kog_wave_any(bool p) { return __any_sync(KOG_FULL_MASK, p); }
