@@ -36,6 +36,9 @@
 #ifndef KOG_MERGE_WHOLE  // timing experiments: the attention units' merge polls each record whole where a warp takes
 #define KOG_MERGE_WHOLE 0  // one (att_merge_whole; 0: its max and sum first, then its values)
 #endif
+#ifndef KOG_STASH_REFILL  // timing experiments: a stashed product refills each stash slot it empties with its own
+#define KOG_STASH_REFILL 0  // next granule (mv_run; 0: only the ring's slots are refilled)
+#endif
 #ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
 #define KOG_LANE_SUMS 4   // 0: every product sums its granules by shuffles)
 #endif
@@ -552,6 +555,7 @@ constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 *
 constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
+constexpr bool STASH_REFILL = KOG_STASH_REFILL != 0;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
 // input region, up to MV_X (sized for all of SiLU(gate)*up where the granule is wanted): where they
 // hold a 2 KB slot for every warp, gate/up's stash may take one granule more per warp there
@@ -601,6 +605,9 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // every phase's do: a refill issued early there gains nothing and delays the next input.
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
+static_assert(!STASH_REFILL || !STASH || ((HOLD >> MAT_O & 1) && !(HOLD >> MAT_GU & 1 || HOLD >> MAT_DN & 1)),
+              "STASH_REFILL: no refill is issued between a stash and its product, and a stashed product's refills are "
+              "all real copies (mv_run counts them)");
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {
