@@ -117,7 +117,8 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
 // max and sum together into registers, so that a record published late costs one round trip after
 // it lands (polling its max and sum, then loading its values took two; PERF.md session 51's trace:
 // the merge ends 0.8 / 1.6 us (median / max) after the last record is published), stages them in
-// shared memory, and the head's first warp weights them in order (deterministic). All threads of
+// shared memory, and the head's first warp weights them in order (deterministic, and the same sums
+// as att_merge's other path). All threads of
 // the unit: `rec` this warp's record (`has`), `first` the head's first warp (its records follow in
 // `scratch`), `out` the merged head.
 __device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool first, int nbc, kog_u64* out, unsigned tag,
@@ -147,17 +148,20 @@ __device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool
         if (lane == 0) scratch[c.warp * RS + D] = kog_value_of(ms.x), scratch[c.warp * RS + D + 1] = kog_value_of(ms.y);
     }
     __syncthreads();
-    if (first) {  // the largest max, then the records weighted in order
+    if (first) {  // the largest max, then the records weighted in order: the same sums as att_merge's
+        // (merge_max_sum's wave sum, merge_record's rounded products added in order), bit for bit
         const float* st = scratch + c.warp * RS;
-        float Mx = -KOG_INF, L = 0.f, o[DL];
-        for (int j = 0; j < nbc; ++j) Mx = fmaxf(Mx, st[j * RS + D]);
+        const bool has_j = lane < nbc;  // (nbc <= NW here)
+        const float mj = has_j ? st[lane * RS + D] : -KOG_INF, lj = has_j ? st[lane * RS + D + 1] : 0.f;
+        const float Mx = kog_wave_max(mj);
+        const float L = kog_wave_sum(has_j ? expf(mj - Mx) * lj : 0.f);
+        float o[DL];
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] = 0.f;
         for (int j = 0; j < nbc; ++j) {
             const float wt = expf(st[j * RS + D] - Mx);
-            L = fmaf(wt, st[j * RS + D + 1], L);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] = fmaf(wt, st[j * RS + lane + 32 * i], o[i]);
+            for (int i = 0; i < DL; ++i) o[i] = o[i] + __fmul_rn(wt, st[j * RS + lane + 32 * i]);
         }
 #pragma unroll
         for (int i = 0; i < DL; ++i) kog_st_tagged(out + lane + 32 * i, o[i] / L, tag);

@@ -608,6 +608,7 @@ constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
 static_assert(!STASH_REFILL || !STASH || ((HOLD >> MAT_O & 1) && !(HOLD >> MAT_GU & 1 || HOLD >> MAT_DN & 1)),
               "STASH_REFILL: no refill is issued between a stash and its product, and a stashed product's refills are "
               "all real copies (mv_run counts them)");
+static_assert(!STASH_REFILL || RING + STASH + 1 <= 32, "STASH_REFILL: a bit a granule in flight (mv_run's qbits)");
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {
