@@ -15,8 +15,7 @@ Two views of the monokernel on random-init models at real shapes (timing only):
   (0: every granule summed by shuffles); KOG_ATT_RMAX=n splits a kv head's query heads over blocks
   where the attention units then take at most n rounds of tiles (0: never; by shape by default);
   KOG_ATT_SPLIT=n lets a (query head, tile) pair take up to n warps where the pairs leave warps idle (1: a
-  warp a pair); KOG_MERGE_WHOLE=1 makes the attention units' merge poll each record whole;
-  KOG_STASH_REFILL=1 makes a stashed product refill each stash slot it empties with its own next granule;
+  warp a pair);
   KOG_STASH=n stashes n more gate/up granules per warp inside the attention's gap (0: none),
   KOG_STASH_PACE=n keeps at most n of them in flight in a warp whose block had no attention work,
   KOG_STASH_ATT=0|1|2|3 stashes in blocks with attention work never, after it, after their O rows, or
@@ -111,8 +110,6 @@ VARIANTS = {
     "att-split-1": {"KOG_ATT_SPLIT": "1"},  # a warp a (query head, tile) pair (v45); -2 / -4: a tile's rows over up to
     "att-split-2": {"KOG_ATT_SPLIT": "2"},  # 2 / 4 warps where pairs leave warps idle (the default splits by shape)
     "att-split-4": {"KOG_ATT_SPLIT": "4"},
-    "merge-whole": {"KOG_MERGE_WHOLE": "1"},
-    "stash-refill": {"KOG_STASH_REFILL": "1"},  # a stashed product refills the stash slots it empties (its own granules)  # the attention units' merge polls each record whole (one record a warp)
     "qkv-skip-0": {"KOG_QKV_SKIP": "0"},  # every block takes QKV rows (the default but where G x D reaches 512)
     "qkv-skip-3": {"KOG_QKV_SKIP": "3"},  # blocks 0-2 (attention units at every position) take none
     "qkv-skip-8": {"KOG_QKV_SKIP": "8"},  # ... blocks 0-7 (Llama, Qwen3: every kv head's first unit)

@@ -56,14 +56,14 @@ __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
 
 // Where a kv head's (or head group's) tiles span several units, every unit publishes its (acc,
 // max, sum) record per query head as tagged words, and unit j merges the heads h with h % nbc ==
-// j with all its warps: each warp adds a run of the records, weighted, and the head's first warp
-// sums the runs in order (deterministic). A long context's merge (Qwen2.5 at 4k: 66 records of
-// 128 values per head) is then spread over up to gh blocks and NW warps each; with one warp per
-// head it took ~17-20 us a layer (PERF.md session 20). A warp's records, each with its max and
-// sum, are copied into its part of the K/V tiles' region (free once the tiles are done),
-// MERGE_CHW per round trip (a warp with one record: straight into registers), issued before the
-// maxima are settled: records published long ago then cost one round trip, and a record copied
-// before it was published is gathered again.
+// j with all its warps (a warp with one record: att_merge_whole): each warp adds a run of the
+// records, weighted, and the head's first warp sums the runs in order (deterministic). A long
+// context's merge (Qwen2.5 at 4k: 66 records of 128 values per head) is then spread over up to gh
+// blocks and NW warps each; with one warp per head it took ~17-20 us a layer (PERF.md session 20).
+// A warp's records, each with its max and sum, are copied into its part of the K/V tiles' region
+// (free once the tiles are done), MERGE_CHW per round trip, issued before the maxima are settled:
+// records published long ago then cost one round trip, and a record copied before it was published
+// is gathered again.
 constexpr int MERGE_WORDS = ATT_STAGES * TBR * TILE_F / 2;  // 8-byte words of the stages
 constexpr int MERGE_CHW = cmin(KOG_WAVE, MERGE_WORDS / (NW * (D + 2)));  // records per copy round of a warp
 static_assert(MERGE_CHW >= 1, "room to stage the attention records");
@@ -113,14 +113,13 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, k
     return ok;
 }
 
-// MERGE_WHOLE, with at most one record a warp (short contexts): each warp polls its record's values,
-// max and sum together into registers, so that a record published late costs one round trip after
-// it lands (polling its max and sum, then loading its values took two; PERF.md session 51's trace:
-// the merge ends 0.8 / 1.6 us (median / max) after the last record is published), stages them in
-// shared memory, and the head's first warp weights them in order (deterministic, and the same sums
-// as att_merge's other path). All threads of
-// the unit: `rec` this warp's record (`has`), `first` the head's first warp (its records follow in
-// `scratch`), `out` the merged head.
+// With at most one record a warp (short contexts): each warp polls its record's values, max and sum
+// together into registers (no cp.async, which would wait behind the ring's refills in flight), so that
+// a record published late costs one round trip after it lands (polling its max and sum, then loading
+// its values took two: Qwen2.5 +1.1%, Llama +0.5%, PERF.md session 51), stages them in shared memory,
+// and the head's first warp weights them in order (deterministic, and the same sums as att_merge's
+// staged path, bit for bit). All threads of the unit: `rec` this warp's record (`has`), `first` the
+// head's first warp (its records follow in `scratch`), `out` the merged head.
 __device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool first, int nbc, kog_u64* out, unsigned tag,
                                 float* scratch) {
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
@@ -186,23 +185,15 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     }
     const kog_u64* pr0 = c.P->part + ((long long)(g * MAXCH) * G + h) * REC_W;  // unit 0's record of head h
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
-    if (MERGE_WHOLE && chunk == 1) return att_merge_whole(c, pr0 + jlo * CS, merging && jlo < jhi, merging && part == 0,
-                                                          nbc, c.P->attn + (long long)(g * G + h) * D, tag, scratch);
+    if (chunk == 1)
+        return att_merge_whole(c, pr0 + jlo * CS, merging && jlo < jhi, merging && part == 0, nbc,
+                               c.P->attn + (long long)(g * G + h) * D, tag, scratch);
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
 #pragma unroll
     for (int i = 0; i < DL; ++i) o[i] = 0.f;
     bool ok = true;
-    if (merging && jlo < jhi && chunk == 1) {  // one record a warp (short contexts): into registers,
-        // so that its copy does not wait behind the ring's refills in flight (cp.async groups complete in order)
-        const kog_u64* rec = pr0 + jlo * CS;
-        kog_u64 x[DL];
-#pragma unroll
-        for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
-        const kog_u64 wm = kog_ld_tagged(rec + D);
-        ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the record's loads fly
-        ok &= merge_record(c, rec, wm, x, tag, Mx, o);
-    } else if (merging && jlo < jhi) {  // (the head's first warp always has records)
+    if (merging && jlo < jhi) {  // (the head's first warp always has records)
         for (int jb = jlo; jb < jhi; jb += MERGE_CHW) {
             const int m = min(MERGE_CHW, jhi - jb);
             for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words

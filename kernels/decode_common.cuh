@@ -33,12 +33,6 @@
 #ifndef KOG_ATT_SPLIT  // timing experiments: warps a (query head, tile) pair takes at most (ATT_SPLIT_MAX below;
 #define KOG_ATT_SPLIT -1  // -1: by shape, 1: a warp a pair)
 #endif
-#ifndef KOG_MERGE_WHOLE  // timing experiments: the attention units' merge polls each record whole where a warp takes
-#define KOG_MERGE_WHOLE 0  // one (att_merge_whole; 0: its max and sum first, then its values)
-#endif
-#ifndef KOG_STASH_REFILL  // timing experiments: a stashed product refills each stash slot it empties with its own
-#define KOG_STASH_REFILL 0  // next granule (mv_run; 0: only the ring's slots are refilled)
-#endif
 #ifndef KOG_LANE_SUMS  // timing experiments: granules per warp at most where a product keeps lane sums (Mv::LANE_SUMS;
 #define KOG_LANE_SUMS 4   // 0: every product sums its granules by shuffles)
 #endif
@@ -150,7 +144,6 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
-constexpr bool MERGE_WHOLE = KOG_MERGE_WHOLE != 0;
 // Words of one (unit, query head) record of the attention in P->part: D values, the max and the sum.
 // By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
 // warps reading different heads' records never load the same line in one round: in
@@ -555,7 +548,6 @@ constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 *
 constexpr int STASH_ATT = KOG_STASH_ATT >= 0 ? KOG_STASH_ATT : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_DN = KOG_STASH_DN >= 0 ? KOG_STASH_DN : WIDE_KV_GROUP ? 0 : 2;
 constexpr int STASH_PACE = KOG_STASH_PACE;
-constexpr bool STASH_REFILL = KOG_STASH_REFILL != 0;
 // While O and gate/up run, their inputs (max(H, QD) elements) leave a gap in each half of the
 // input region, up to MV_X (sized for all of SiLU(gate)*up where the granule is wanted): where they
 // hold a 2 KB slot for every warp, gate/up's stash may take one granule more per warp there
@@ -605,10 +597,6 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // every phase's do: a refill issued early there gains nothing and delays the next input.
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
-static_assert(!STASH_REFILL || !STASH || ((HOLD >> MAT_O & 1) && !(HOLD >> MAT_GU & 1 || HOLD >> MAT_DN & 1)),
-              "STASH_REFILL: no refill is issued between a stash and its product, and a stashed product's refills are "
-              "all real copies (mv_run counts them)");
-static_assert(!STASH_REFILL || RING + STASH + 1 <= 32, "STASH_REFILL: a bit a granule in flight (mv_run's qbits)");
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
     switch (mat) {

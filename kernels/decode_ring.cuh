@@ -204,17 +204,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
-    // STASH_REFILL: each stash slot emptied takes the warp's next granule of this product, so that
-    // RING + stash_n granules stay in flight through it instead of the ring's RING (eating the stash
-    // issued nothing: the weight stream's demand fell to ~1 TB/s for ~1.5 us early in Qwen2.5's gate/up,
-    // PERF.md session 51). Granules issued from here on are tracked in stream order (warp-uniform):
-    // `pend` not yet consumed, bit i of `qbits` set where the i-th oldest went to a stash slot; each is
-    // its own commit group, with no other group after them (no held refills here: static_assert).
-    // Those issued before (the ring's older granules, the stash) have landed: waited for just above.
-    const bool refill = STASH_REFILL && STASHED && !RESIDENT && c.st.stash_n > 0;
-    const int stash_end = c.st.stash_g0 + c.st.stash_n * NW;
-    unsigned pend = c.st.held, qbits = 0;  // (the refills HOLD owes, issued next)
-    int stash_take = 0;  // the stash slot read next (round robin: a refill takes the slot just emptied)
     if (!RESIDENT) ring_release_timed<MAT>(c);  // the input is staged: refill now
     trace_mv(c, MAT, 8);
     constexpr int UF = M::INT8 ? 1 : M::U, UI = M::INT8 ? M::U : 1;  // the arrays a product does not use: 1
@@ -247,18 +236,11 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     trace_mv(c, MAT, 1);
     for (int g = c.warp; g < ngran; g += NWP) {
         // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
-        bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
-        if (refill && g >= stash_end) {  // issued in this product: where it went, and all but the newer ones landed
-            stashed = qbits & 1u;
-            qbits >>= 1;
-            kog_cp_async_wait_pending_upto<RING + STASH + STASH_XS>(--pend);
-        } else if (!stashed && !RESIDENT && !refill) {
-            kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
-        }
+        const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
+        if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
-        const uint4* slot = stashed ? stash_slot(c, refill ? stash_take : (g - c.st.stash_g0) / NW)
-                          : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
+        const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
         const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
         // the U loads first, then U independent dot products: with inputs in registers a column
         // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
@@ -307,11 +289,6 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
             }
         }
         if (g + NWP >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)
-        if (stashed && refill) {  // the slot takes this product's next granule, if any is left to issue
-            if (c.st.mat == MAT && c.st.layer == c.layer && c.st.g < c.st.src.ngran)
-                stream_next(c, const_cast<uint4*>(slot), true), qbits |= 1u << pend, ++pend;
-            stash_take = stash_take + 1 == c.st.stash_n ? 0 : stash_take + 1;
-        }
         if (stashed || RESIDENT) continue;  // no ring slot emptied
         ++c.st.tail;
         // HOLD: a refill for a later matrix waits (an empty commit group stands in for it, so
@@ -319,7 +296,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         // the next token's first weights stream while it is chosen.
         constexpr bool HOLDS = MAT != MAT_LM && (HOLD >> MAT & 1);
         if (HOLDS && (c.st.g >= c.st.src.ngran || c.st.mat != MAT)) commit_group(c), ++c.st.held;
-        else ring_issue(c), ++pend;
+        else ring_issue(c);
     }
     if (STASHED) c.st.stash_n = 0;
     trace_mv(c, MAT, 3);

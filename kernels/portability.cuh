@@ -163,12 +163,6 @@ __device__ __forceinline__ void kog_cp_async_wait_pending_dyn(unsigned n) {
         default: kog_cp_async_wait_pending<7>(); break;
     }
 }
-template <int MAX>  // the same for any n, up to MAX groups kept in flight (more: MAX)
-__device__ __forceinline__ void kog_cp_async_wait_pending_upto(unsigned n) {
-    if constexpr (MAX == 0) kog_cp_async_wait_pending<0>();
-    else if (n >= MAX) kog_cp_async_wait_pending<MAX>();
-    else kog_cp_async_wait_pending_upto<MAX - 1>(n);
-}
 __device__ __forceinline__ void kog_cp_async_wait() {
     asm volatile("cp.async.commit_group;\n\tcp.async.wait_group 0;" ::: "memory");
 }
