@@ -302,7 +302,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head appends this token's k and v to the cache
     const int lane = c.lane, warp = c.warp;
     // this warp's query head (of the unit's gh), tile slot and part of the tile (att_split)
-    const int split = ATT_RMAX > 0 ? att_split(gh) : ATT_SPLIT_MAX, hq = warp % gh, jslot = warp / gh;
+    const int split = att_split(gh), hq = warp % gh, jslot = warp / gh;
     const int kslot = ATT_SPLIT_MAX > 1 ? jslot % TBR : jslot, sub = ATT_SPLIT_MAX > 1 ? jslot / TBR : 0;
     const bool busy = ATT_SPLIT_MAX > 1 ? sub < split : kslot < TBR;
     trace_att(c, l, u, 0);

@@ -166,6 +166,7 @@ static_assert(G + 2 <= NW && TBR >= 1 && TBR <= NW / G, "a block holds one kv he
 __host__ __device__ constexpr int pow2_floor(int x) { return x >= 32 ? 32 : x >= 16 ? 16 : x >= 8 ? 8 : x >= 4 ? 4 : x >= 2 ? 2 : 1; }
 constexpr int ATT_SPLIT_BY_SHAPE = cmin(8, pow2_floor(NW / ((ATT_RMAX > 0 ? 1 : G) * TBR)));  // (att_tile: four rows a warp at least)
 constexpr int ATT_SPLIT_MAX = KOG_ATT_SPLIT > 0 ? cmin(pow2_floor(KOG_ATT_SPLIT), ATT_SPLIT_BY_SHAPE) : ATT_SPLIT_BY_SHAPE;
+// (a constant where no split applies, so that those shapes' code is the unsplit one)
 __device__ __forceinline__ int att_split(int gh) { return ATT_SPLIT_MAX == 1 ? 1 : cmin(ATT_SPLIT_MAX, pow2_floor(NW / (gh * TBR))); }
 
 // ---- the attention's plan: which blocks run which (kv head, query heads, tiles) -----------
