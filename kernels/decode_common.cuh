@@ -83,6 +83,12 @@
 #ifndef KOG_ICACHE_LAYER_KB  // ... run once a layer by the blocks without attention work, while the attention runs
 #define KOG_ICACHE_LAYER_KB 0
 #endif
+#ifndef KOG_L2_KEEP  // timing experiments: a mask of the matrices (bit MAT_QKV .. MAT_LM) whose weights, in layers
+#define KOG_L2_KEEP 0  // 0 .. KOG_L2_KEEP_LAYERS - 1, are copied evict-last, to stay in L2 from token to token (0: none)
+#endif
+#ifndef KOG_L2_KEEP_LAYERS
+#define KOG_L2_KEEP_LAYERS 1000
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
