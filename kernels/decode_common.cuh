@@ -87,7 +87,7 @@
 #define KOG_L2_KEEP 0  // 0 .. KOG_L2_KEEP_LAYERS - 1, are copied evict-last, to stay in L2 from token to token (0: none)
 #endif
 #ifndef KOG_L2_KEEP_LAYERS
-#define KOG_L2_KEEP_LAYERS 1000
+#define KOG_L2_KEEP_LAYERS 1000  // (more than any model's layers: all of them)
 #endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048

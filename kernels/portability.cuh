@@ -147,9 +147,9 @@ __device__ __forceinline__ kog_u64 kog_l2_evict_first() {
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
-__device__ __forceinline__ kog_u64 kog_l2_evict_last() {
+__device__ __forceinline__ kog_u64 kog_l2_evict_last() {  // (not volatile: a constant the compiler may hoist out of a loop)
     kog_u64 p;
-    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 __device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
