@@ -12,7 +12,8 @@ import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 NVCC = shutil.which("nvcc")
-PROBES = ["cluster_probe", "coded_probe", "mma_probe", "fetch_probe", "store_probe", "stream_probe", "sync_probe", "tlb_probe"]
+PROBES = ["cluster_probe", "coded_probe", "mma_probe", "fetch_probe", "l2_side_probe", "store_probe", "stream_probe",
+          "sync_probe", "tlb_probe"]
 
 
 def probe_source(name: str) -> str:
