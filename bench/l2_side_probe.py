@@ -14,7 +14,9 @@ shorter (every block still stores its slice into both copies; a store does not w
    first singular vectors, gives each multiprocessor and each line a side; printed: the four mean
    latencies (near / far for each side), how much of the interaction the split explains, and how the
    lines' sides alternate with the address (the granularity a kernel could lay vectors out by).
-2. The hop, as sync_probe.py's (every block stores its slice of an n-word tagged vector, then polls all of
+2. A tagged word handed between two blocks and back (no fence, as the decode kernel's tagged words), for each
+   pairing of the blocks' sides and the words' side: ns one way.
+3. The hop, as sync_probe.py's (every block stores its slice of an n-word tagged vector, then polls all of
    it until every word carries the hop's tag; 2,000 hops in a row, two buffers in turn), with the
    vector's lines chosen from the map: one copy on contiguous lines (the decode kernel's today); two
    copies, one on each side's lines, every block polling the copy on its own side; the same two copies,
@@ -65,6 +67,38 @@ extern "C" __global__ void side_map(u64* lines, int nl, int reps, u64 zero, unsi
     sms[b] = smid();
     __threadfence();
     atomicAdd(turn, 1u);
+}
+
+// Two blocks hand a tagged word back and forth (st.relaxed / ld.relaxed, no fence, as the decode kernel's
+// tagged words): the first block on side s0 and the first other block on side s1 (claim[0], claim[1]), the
+// words on lines a (0 -> 1) and c (1 -> 0). out[0]: ns one way (player 0), out[1]: whether both ran.
+extern "C" __global__ void handoff(u64* a, u64* c, const unsigned char* side_of, int s0, int s1, int reps, unsigned* claim, u64* out) {
+    if (threadIdx.x) return;
+    const int side = side_of[smid()];
+    int me = -1;
+    if (side == s0 && atomicCAS(claim, 0u, 1u) == 0u) me = 0;
+    else if (side == s1 && atomicCAS(claim + 1, 0u, 1u) == 0u) me = 1;
+    if (me < 0) return;
+    bool both = false;  // (a side with no block, or none left: give up rather than hang)
+    for (int k = 0; !both && k < (1 << 20); ++k) both = ld_relaxed32(claim) == 1u && ld_relaxed32(claim + 1) == 1u;
+    if (!both) return;
+    u64* mine = me ? c : a;
+    const u64* other = me ? a : c;
+    const auto wait = [&](u64 r) {
+        for (int k = 0; k < (1 << 20); ++k)
+            if (ld_relaxed(other) >= r) return true;
+        return false;
+    };
+    bool ok = true;
+    const u64 t0 = now();
+    for (u64 r = 1; ok && r <= (u64)reps; ++r) {
+        if (me == 1) ok = wait(r);
+        asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(mine), "l"(ok ? r : ~0ull) : "memory");
+        if (me == 0) ok = wait(r);
+    }
+    const u64 t1 = now();
+    if (me == 0) out[0] = (t1 - t0) / (2 * reps);
+    if (ok) atomicAdd(out + 1, 1ull);
 }
 
 // The hop. The vector's copy c of buffer r & 1 lies on the lines table[(r & 1) * 3 + c][0 ..] (16 words
@@ -193,6 +227,25 @@ def main() -> None:
     side_of = cp.asarray(side_of)
     by_side = [np.flatnonzero(line_side == c) for c in (0, 1)]
     out = cp.zeros(4, dtype=cp.uint64)
+    claim = cp.zeros(2, dtype=cp.uint32)
+    handoff = mod.get_function("handoff")
+    handoff.max_dynamic_shared_size_bytes = ONE_PER_SM
+    for s0, s1, label in ((0, 0, "both on side 0"), (1, 1, "both on side 1"), (0, 1, "one on each side")):
+        row = []
+        for line in (0, 1):
+            a, c = (space[int(by_side[line][k]) * 16:] for k in (-1, -2))  # mapped lines the hop's tables do not use
+            ns = []
+            for _ in range(2):
+                claim.fill(0)
+                out.fill(0)
+                space[:NL * 16].fill(0)
+                handoff((nsm,), (32,), (a, c, side_of, np.int32(s0), np.int32(s1), np.int32(2000), claim, out),
+                        shared_mem=ONE_PER_SM)
+                cp.cuda.Device().synchronize()
+                o = out.get()
+                ns.append(f"{o[0]}" if o[1] == 2 else "(a player missing)")
+            row.append(f"words on side {line}'s lines {' / '.join(ns)} ns")
+        print(f"a tagged word handed between two blocks ({label}), one way: {'; '.join(row)}")
     for n, nv in ((576, 1), (1536, 2)):
         tl = (n + 15) // 16  # lines a copy
         table = np.empty((2, 3, tl), dtype=np.int32)
