@@ -15,7 +15,8 @@ import math
 
 import numpy as np
 
-# the shapes kog's GPU targets are measured at, by their registry entries (models.toml `shape`)
+# the shapes kog's GPU targets are measured at, by their registry entries (models.toml `shape`); any other
+# registry name builds that model's shape (the GPU tests: KOG_TEST_MODELS=qwen3-0.6b,...)
 REGISTRY_NAMES = {
     "smollm2-135m": "smollm2-135m-instruct",
     "llama-3.2-1b": "llama-3.2-1b-instruct",
@@ -30,7 +31,7 @@ def hf_config(name: str):
 
     from engine.registry import Registry
 
-    fields = Registry().get(REGISTRY_NAMES[name]).model_config().to_hf()
+    fields = Registry().get(REGISTRY_NAMES.get(name, name)).model_config().to_hf()
     return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 

@@ -529,11 +529,13 @@ constexpr long long LAYER_SHARE = 2 * LSTRIDE / NBLK;  // bytes of one layer's w
 constexpr int RING = KOG_RING > 0 ? KOG_RING : LAYER_SHARE <= NW * 3 * SLOT_MAX * 16 ? 3 : 1536 / NTHR;
 constexpr bool LAYER_IN_RING = LAYER_SHARE <= NW * RING * SLOT_MAX * 16;
 // 16-byte vectors per slot of the ring and the stash: 2 KB, or where blocks stash (the layer does
-// not fit the ring), the shape's widest granule. Qwen2.5's products all take 1.5 KB granules: its 2 KB
-// slots were a quarter empty, and the room freed takes a fifth stash granule per warp (PERF.md v34:
-// +0.5%; SmolLM2, which stashes nothing, measured -0.3% with 1.5 KB slots, within noise: left at 2 KB).
+// not fit the ring), the shape's widest granule, the int8 LM head's included. Qwen2.5's products all
+// take 1.5 KB granules: its 2 KB slots were a quarter empty, and the room freed takes a fifth stash
+// granule per warp (PERF.md v34: +0.5%; SmolLM2, which stashes nothing, measured -0.3% with 1.5 KB
+// slots, within noise: left at 2 KB).
 constexpr int SLOT = KOG_SLOT_U > 0 ? KOG_SLOT_U * KOG_WAVE
-                   : LAYER_IN_RING ? SLOT_MAX : cmax(cmax(MQKV::U, MO::U), cmax(cmax(MGU::U, MDN::U), MLM::U)) * KOG_WAVE;
+                   : LAYER_IN_RING ? SLOT_MAX
+                   : cmax(cmax(cmax(MQKV::U, MO::U), cmax(cmax(MGU::U, MDN::U), MLM::U)), LM_SCREEN ? MLM8::U : 0) * KOG_WAVE;
 constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weights in flight
 // The stash (decode_ring.cuh stash_fill): STASH more granules per warp of gate/up, issued once a
 // block's attention work is done, and of down (STASH_DN), issued once gate/up is done, into shared

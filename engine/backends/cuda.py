@@ -86,6 +86,27 @@ class Layout:
         self.stotal = self.s_lmq + 4 * c.vocab_size
 
 
+def shape_defines(c, nblk: int, tied: bool) -> dict[str, str]:
+    """The decode kernel's macros for a model shape on a grid of `nblk` blocks (tests/test_kernels_compile.py
+    builds every registry shape with them)."""
+    f32 = lambda v: repr(float(np.float32(v))) + "f"  # noqa: E731  exact fp32 literal
+    return {
+        "KOG_H": str(c.hidden_size),
+        "KOG_NH": str(c.num_heads),
+        "KOG_NKV": str(c.num_kv_heads),
+        "KOG_D": str(c.head_dim),
+        "KOG_INTER": str(c.intermediate_size),
+        "KOG_VOCAB": str(c.vocab_size),
+        "KOG_NL": str(c.num_layers),
+        "KOG_QKV_BIAS": str(int(c.qkv_bias)),
+        "KOG_QK_NORM": str(int(c.qk_norm)),
+        "KOG_EPS": f32(c.rms_norm_eps),
+        "KOG_SCALE": f32(1.0 / np.sqrt(c.head_dim)),
+        "KOG_NBLK": str(nblk),
+        "KOG_TIED": str(int(tied)),
+    }
+
+
 def _cupy():
     try:
         import cupy
@@ -219,23 +240,7 @@ class CudaBackend(Backend):
             raise KogError(f"the CUDA backend cannot run this shape: {'; '.join(problems)}")
 
     def _defines(self) -> dict[str, str]:
-        c = self.config
-        f32 = lambda v: repr(float(np.float32(v))) + "f"  # noqa: E731  exact fp32 literal
-        return {
-            "KOG_H": str(c.hidden_size),
-            "KOG_NH": str(c.num_heads),
-            "KOG_NKV": str(c.num_kv_heads),
-            "KOG_D": str(c.head_dim),
-            "KOG_INTER": str(c.intermediate_size),
-            "KOG_VOCAB": str(c.vocab_size),
-            "KOG_NL": str(c.num_layers),
-            "KOG_QKV_BIAS": str(int(c.qkv_bias)),
-            "KOG_QK_NORM": str(int(c.qk_norm)),
-            "KOG_EPS": f32(c.rms_norm_eps),
-            "KOG_SCALE": f32(1.0 / np.sqrt(c.head_dim)),
-            "KOG_NBLK": str(self.nblk),
-            "KOG_TIED": str(int(self.tied)),
-        } | self._extra_defines
+        return shape_defines(self.config, self.nblk, self.tied) | self._extra_defines
 
     def _load_modules(self) -> None:
         cp = self.cp
