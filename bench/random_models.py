@@ -35,13 +35,17 @@ def hf_config(name: str):
     return transformers.AutoConfig.for_model(fields.pop("model_type"), **fields)
 
 
-def build_hf(name: str, seed: int, device: str = "cpu", gain: float = 1.0, embed_std: float = 0.05, attn: str = "eager"):
-    """A transformers model of shape `name`, fp32, with scaled random weights rounded to bf16."""
+def build_hf(name: str, seed: int, device: str = "cpu", gain: float = 1.0, embed_std: float = 0.05, attn: str = "eager",
+             untied: bool = False):
+    """A transformers model of shape `name`, fp32, with scaled random weights rounded to bf16; `untied`: with an
+    LM head of its own, whatever the shape's registry entry says."""
     import torch
     import transformers
 
     cfg = hf_config(name)
     cfg._attn_implementation = attn
+    if untied:
+        cfg.tie_word_embeddings = False
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(cfg)
     model = model.float().eval()

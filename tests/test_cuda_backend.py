@@ -411,6 +411,26 @@ def test_attention_plan_switches(model):
     gpu.close()
 
 
+@pytest.mark.parametrize("name", [m for m in (SMALL, "llama-3.2-1b") if m in MODELS])
+def test_untied_lm_head(name):
+    """A model with an LM head of its own (the registry's Qwen2.5-Coder-7B and Qwen3-8B; the target shapes are
+    all tied): SmolLM2's shape (a bf16 head) and Llama's (the int8 screen), untied, greedy tokens against
+    transformers."""
+    seed = (SEED + zlib.crc32(f"{name} untied".encode())) % (1 << 31)
+    hf = build_hf(name, seed, device="cuda", untied=True)
+    lm = loaded_model(hf, name)
+    assert "lm_head.weight" in lm.weights
+    gpu = CudaBackend(lm, 256)
+    prompt = random_prompt(lm.config.vocab_size, PROMPT, np.random.default_rng(seed))
+    _fresh(gpu, prompt)
+    toks = list(gpu.decode(GREEDY, prompt, N_GEN, set()))
+    assert gpu.last_status["error"] == 0 and len(toks) == N_GEN
+    _check_against(toks, _hf_logits(hf, prompt + toks, PROMPT - 1)[:-1], f"transformers, untied {name}")
+    gpu.close()
+    del hf
+    torch.cuda.empty_cache()
+
+
 def _round_to_bf16(w: np.ndarray) -> np.ndarray:
     """fp32 -> bf16 -> fp32, round to nearest even: the numbers the GPU holds."""
     bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
