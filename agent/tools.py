@@ -60,6 +60,9 @@ class Tools:
             return getattr(self, f"_{action.tool}")(action, time_left_s)
         except ToolError as e:
             return Result(False, f"error: {e}", f"{action.describe()}: error: {e}")
+        except OSError as e:  # the file system's refusal (a name too long, a file where a folder must be): the model's to fix
+            why = f"{action.path or action.arg}: {e.strerror or e}"
+            return Result(False, f"error: {why}", f"{action.describe()}: error: {why}")
 
     # --- looking -----------------------------------------------------------------------------
 

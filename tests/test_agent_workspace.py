@@ -8,8 +8,10 @@ import stat
 import pytest
 from agent_fixtures.repos import git, make_repo, snapshot
 
+from agent.actions import Action
 from agent.checkpoint import Checkpoint
 from agent.errors import ToolError
+from agent.tools import Tools
 from agent.workspace import Workspace
 
 
@@ -132,3 +134,15 @@ def test_binary_and_non_utf8_files_are_not_read_as_text(repo):
         ws.read_text("latin.txt")
     with pytest.raises(ToolError, match="no such file"):
         ws.read_text("missing.py")
+
+
+def test_a_file_system_refusal_goes_back_to_the_model(repo):
+    """A name the file system refuses is the model's mistake: an error it reads, not a crash of the run."""
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    before = snapshot(repo)
+    for action in (Action("create_file", path="stats.py/helper.py", body="x = 1\n"),  # a file where a folder must be
+                   Action("create_file", path="a" * 300 + ".py", body="x = 1\n"),  # a name too long
+                   Action("read_file", path="b" * 300 + ".py")):
+        result = tools.run(action)
+        assert not result.ok and result.text.startswith("error: ") and action.path in result.text
+    assert snapshot(repo) == before
