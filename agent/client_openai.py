@@ -120,6 +120,10 @@ class OpenAIClient:
         read_timeout_s: float = 120.0,
     ):
         base = endpoint.rstrip("/")
+        try:
+            httpx.URL(base)
+        except httpx.InvalidURL as e:
+            raise KogError(f"--endpoint {endpoint!r} is not a valid URL: {e}") from None
         if not base.startswith(("http://", "https://")):
             raise KogError(f"--endpoint must be an http:// or https:// URL, got {endpoint!r}")
         base = base.removesuffix("/chat/completions")

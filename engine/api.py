@@ -29,9 +29,14 @@ def load(target: str | None = None, progress: bool = True) -> LoadedModel:
     return load_model(resolved.path, resolved.name)
 
 
+def check_context(context: int | None) -> None:
+    """A requested context size's own mistake, found before any model is loaded."""
+    if context is not None and context < 16:
+        raise KogError(f"context must be at least 16 tokens, got {context}")
+
+
 def open_session(
     model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None
 ) -> Session:
-    if context is not None and context < 16:
-        raise KogError(f"context must be at least 16 tokens, got {context}")
+    check_context(context)
     return Session(model, create_backend(model, device, context), system=system)

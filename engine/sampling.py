@@ -8,6 +8,7 @@ tokens, and a GPU kernel can draw the very same numbers without sharing any stat
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,16 +28,16 @@ class SamplingParams:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise KogError(f"temperature must be >= 0, got {self.temperature}")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise KogError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise KogError(f"top-k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise KogError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0.0 <= self.min_p < 1.0:
             raise KogError(f"min-p must be in [0, 1), got {self.min_p}")
-        if self.repetition_penalty <= 0:
-            raise KogError(f"repetition penalty must be > 0, got {self.repetition_penalty}")
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise KogError(f"repetition penalty must be a finite number > 0, got {self.repetition_penalty}")
 
     @property
     def greedy(self) -> bool:

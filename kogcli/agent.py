@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Optional
 
@@ -47,11 +48,13 @@ def fix_command(
     from agent.display import Display, JsonDisplay, LiveDisplay
     from agent.loop import Options, fix
     from engine.errors import KogError
+    from engine.sampling import SamplingParams
 
     for name, value in (("--max-steps", max_steps), ("--max-tokens", max_tokens), ("--step-tokens", step_tokens),
                         ("--timeout", timeout), ("--test-timeout", test_timeout)):
-        if value <= 0:
-            raise KogError(f"{name} must be positive, got {value}")
+        if not (math.isfinite(value) and value > 0):
+            raise KogError(f"{name} must be a finite number > 0, got {value}")
+    SamplingParams(temperature=temperature, seed=seed)  # (an endpoint's temperature too)
     if quiet and as_json:
         raise KogError("--quiet and --json exclude each other")
     if not path.is_dir():

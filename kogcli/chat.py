@@ -32,6 +32,8 @@ def chat_command(
     max_tokens: int = typer.Option(2048, "--max-tokens", "-n", help="The longest reply, in tokens."),
 ):
     """Chat with a model in the terminal; the status bar shows the live decode rate."""
+    from engine.api import check_context
+    from engine.backends import resolve_device
     from engine.errors import KogError
     from engine.registry import Registry
     from engine.sampling import SamplingParams
@@ -42,6 +44,8 @@ def chat_command(
     if model is not None:
         Registry().resolve(model)
     SamplingParams(temperature=temperature, seed=seed)
+    resolve_device(device)
+    check_context(context)
     if max_tokens < 1:
         raise KogError(f"--max-tokens must be >= 1, got {max_tokens}")
     if chat_id is not None and not resume:

@@ -93,19 +93,25 @@ def generate_command(
     context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
     as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
 ):
-    """Stream a reply to PROMPT, then one line of stats."""
-    from engine.api import load, open_session
+    """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
+    from engine.api import check_context, load, open_session
+    from engine.backends import resolve_device
     from engine.sampling import SamplingParams
 
+    # the command line's own mistakes, before a model is downloaded or loaded
     params = SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repetition_penalty=repetition_penalty, seed=seed,
     )
+    if max_tokens < 1:
+        raise KogError(f"--max-tokens must be >= 1, got {max_tokens}")
+    if raw and system:
+        raise KogError("--system needs the chat template; drop --raw")
+    resolve_device(device)
+    check_context(context)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system)
     if raw:
-        if system:
-            raise KogError("--system needs the chat template; drop --raw")
         ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
         generation = session.complete(ids, params, max_tokens)
     else:
@@ -128,6 +134,8 @@ def generate_command(
             f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · "
             f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}[/dim]"
         )
+    if stats.stop_reason == "cancelled":
+        raise typer.Exit(130)
 
 
 from kogcli import bench  # noqa: E402

@@ -77,7 +77,11 @@ def test_dry_run_from_the_command_line_writes_nothing(tmp_path):
 
 @pytest.mark.parametrize("args, fragment", [
     (["agent", "fix", "{tmp}/missing"], "is not a directory"),
-    (["agent", "fix", "{tmp}", "--max-steps", "0"], "--max-steps must be positive"),
+    (["agent", "fix", "{tmp}", "--max-steps", "0"], "--max-steps must be a finite number > 0"),
+    (["agent", "fix", "{tmp}", "--test-timeout", "nan"], "--test-timeout must be a finite number > 0"),
+    (["agent", "fix", "{tmp}", "--temperature", "nan", "--endpoint", "http://127.0.0.1:{port}/v1"],
+     "temperature must be a finite number"),
+    (["agent", "fix", "{tmp}", "--endpoint", "http://[::1"], "is not a valid URL"),
     (["agent", "fix", "{tmp}", "--quiet", "--json"], "exclude each other"),
     (["agent", "fix", "{tmp}", "--endpoint", "localhost:1"], "must be an http"),
     (["agent", "fix", "{tmp}", "--endpoint", "http://127.0.0.1:{port}/v1"], "cannot reach"),

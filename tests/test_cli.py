@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
 import pytest
 
 KOG = [sys.executable, "-m", "kogcli"]
+# pip with no index to reach: a download fails at once
+OFFLINE = {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "", "PIP_EXTRA_INDEX_URL": "",
+           "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
 
 
 def kog(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -61,6 +65,19 @@ def test_generate_raw_prints_a_stats_line(default_gguf):
     assert "tok/s" in result.stderr and "TTFT" in result.stderr
 
 
+def test_interrupted_generation_prints_its_stats_and_exits_130(default_gguf):
+    proc = subprocess.Popen([*KOG, "generate", "Tell me a long story.", "--device", "cpu", "--max-tokens", "4000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.read(1)  # the reply has started
+        proc.send_signal(signal.SIGINT)
+        out, errors = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, errors
+    assert "stop: cancelled" in " ".join(errors.split()) and "Traceback" not in errors
+
+
 def test_unknown_model_suggests_close_names():
     assert_one_line_error(kog("generate", "hi", "--model", "smollm2-135m-instruc"), "did you mean smollm2-135m-instruct")
 
@@ -82,14 +99,26 @@ def test_bad_sampling_parameter():
     assert_one_line_error(kog("generate", "hi", "--top-p", "0"), "top-p must be in (0, 1]")
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--max-tokens", "-5"], "--max-tokens must be >= 1"),
+    (["--device", "bogus"], "unknown device 'bogus'"),
+    (["--temperature", "nan"], "temperature must be a finite number"),
+    (["--temperature", "inf"], "temperature must be a finite number"),
+    (["--repetition-penalty", "nan"], "repetition penalty must be a finite number"),
+    (["--raw", "--system", "Be brief."], "--system needs the chat template"),
+    (["--context", "3"], "context must be at least 16"),
+])
+def test_bad_options_are_refused_before_any_download(tmp_path, args, fragment):
+    assert_one_line_error(kog("generate", "hi", *args, env=OFFLINE | {"KOG_HOME": str(tmp_path)}), fragment)
+    assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
 def test_corrupt_local_model(tmp_path):
     (tmp_path / "config.json").write_text("{broken")
     assert_one_line_error(kog("generate", "hi", "--model", str(tmp_path)), "corrupt model config")
 
 
 def test_pull_offline(tmp_path):
-    env = {"KOG_HOME": str(tmp_path), "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_FIND_LINKS": "",
-           "PIP_EXTRA_INDEX_URL": "", "PIP_CONFIG_FILE": os.devnull, "PIP_RETRIES": "0", "PIP_TIMEOUT": "2"}
-    result = kog("pull", "smollm2-135m-instruct", env=env)
+    result = kog("pull", "smollm2-135m-instruct", env=OFFLINE | {"KOG_HOME": str(tmp_path)})
     assert_one_line_error(result, "offline", chatter_before=True)
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
