@@ -1,7 +1,8 @@
 """Save the repository before the agent's first write; put it back byte for byte on undo.
 
 What a checkpoint covers: in a git repository (at its top level) every file git does not
-ignore — tracked or not — saved as a commit on a `kog/<run id>` branch, made from a
+ignore — tracked or not — saved as a commit on a `kog/<run id>` branch (`kog-checkpoints/<run id>`
+where the user has a branch named `kog`), made from a
 scratch index so the user's index, HEAD and stash are never touched; blobs are written
 without git's filters (eol, clean/smudge), so what comes back is the bytes that were there.
 Anywhere else, every file outside `.kog/`, copied under `.kog/checkpoints/<run id>/`.
@@ -78,13 +79,13 @@ class GitStore:
 
     def save(self, run_id: str, files: dict[str, list]) -> dict:
         regular = [p for p, (mode, _) in files.items() if mode != LINK]
-        # One process hashes all regular files; a name with a newline cannot go through --stdin-paths.
-        batch = [p for p in regular if "\n" not in p]
-        if batch:
-            _git(self.root, "hash-object", "-w", "--no-filters", "--stdin-paths", stdin="\n".join(batch).encode())
-        for p in regular:
-            if "\n" in p:
-                _git(self.root, "hash-object", "-w", "--no-filters", "--", p)
+        # One process hashes all regular files; a name with a newline, or one that starts with a double
+        # quote (read as a C-quoted name there), cannot go through --stdin-paths.
+        plain = [p for p in regular if "\n" not in p and not p.startswith('"')]
+        if plain:
+            _git(self.root, "hash-object", "-w", "--no-filters", "--stdin-paths", stdin="\n".join(plain).encode())
+        for p in set(regular) - set(plain):
+            _git(self.root, "hash-object", "-w", "--no-filters", "--", p)
         for p, (mode, _) in files.items():
             if mode == LINK:
                 _git(self.root, "hash-object", "-w", "--stdin", stdin=os.readlink(self.root / p).encode())
@@ -97,7 +98,10 @@ class GitStore:
         parent = ["-p", head.stdout.strip()] if head.returncode == 0 else []
         message = f"kog checkpoint {run_id}: the working tree before the agent's first edit"
         commit = _git(self.root, "commit-tree", tree, *parent, "-m", message, env=IDENTITY).decode().strip()
-        ref = f"refs/heads/kog/{run_id}"
+        # kog/<run id>, unless the user has a branch named kog (a ref cannot also be a folder of refs)
+        users_kog = subprocess.run(["git", "rev-parse", "-q", "--verify", "refs/heads/kog"], cwd=self.root,
+                                   capture_output=True, check=False).returncode == 0
+        ref = f"refs/heads/{'kog-checkpoints' if users_kog else 'kog'}/{run_id}"
         _git(self.root, "update-ref", ref, commit, "")  # "" as old value: refuse to overwrite an existing branch
         return {"ref": ref, "commit": commit}
 

@@ -301,7 +301,10 @@ def fix(root: Path, client: ModelClient, options: Options, display: Display,
     if dry_run:
         with tempfile.TemporaryDirectory(prefix="kog-dry-run-") as scratch:
             copy = Path(scratch) / root.name
-            shutil.copytree(root, copy, symlinks=True, ignore=lambda folder, names: [".kog"] if Path(folder) == root else [])
+            # not .kog; nor a .git file (a worktree's or submodule's link to a repository elsewhere, which the
+            # copy's checkpoint would write into): the copy is then checkpointed by copies
+            top = [".kog"] + [".git"] * (root / ".git").is_file()
+            shutil.copytree(root, copy, symlinks=True, ignore=lambda folder, names: top if Path(folder) == root else [])
             agent = Agent(copy, client, options, display, run_id, dry_run_of=root)
             log = Trajectory(log_path) if log_path else None
             try:

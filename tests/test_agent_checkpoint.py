@@ -129,3 +129,16 @@ def test_the_diff_shows_changes_additions_and_deletions(tmp_path):
     assert '-    return "_".join(words)\n+    return "-".join(words)\n' in diff
     assert "--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+n = 1\n\\ No newline at end of file\n" in diff
     assert "--- a/.gitignore\n+++ /dev/null\n" in diff
+
+
+def test_odd_names_and_a_users_kog_branch_do_not_stop_the_checkpoint(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    git(root, "branch", "kog")  # refs/heads/kog/<run> could not exist beside it
+    (root / '"q".txt').write_text("a name git reads as C-quoted on --stdin-paths\n")
+    before = snapshot(root)
+    checkpoint = Checkpoint(root, "t1")
+    assert checkpoint.take()["ref"] == "refs/heads/kog-checkpoints/t1"
+    (root / '"q".txt').write_text("changed\n")
+    (root / "stats.py").unlink()
+    undo(root)
+    assert snapshot(root) == before

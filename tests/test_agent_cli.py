@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from agent_fixtures.repos import make_repo, snapshot
+from agent_fixtures.repos import git, make_repo, snapshot
 from agent_fixtures.scripted_server import ScriptedServer
 
 KOG = [sys.executable, "-m", "kogcli"]
@@ -73,6 +73,18 @@ def test_dry_run_from_the_command_line_writes_nothing(tmp_path):
     summary = json.loads(result.stdout)
     assert result.returncode == 0 and summary["dry_run"] and "+    return total(values) / len(values)" in summary["diff"]
     assert snapshot(root) == before and not (root / ".kog").exists()
+
+
+def test_dry_run_in_a_git_worktree_leaves_the_repository_alone(tmp_path):
+    main = make_repo(tmp_path, "py_mean")
+    tree = tmp_path / "tree"
+    git(main, "worktree", "add", "-q", str(tree))
+    refs, before = git(main, "for-each-ref"), snapshot(tree)
+    with ScriptedServer([FIX_MEAN]) as server:
+        result = kog("agent", "fix", str(tree), "--endpoint", server.url, "--dry-run", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "+    return total(values) / len(values)" in json.loads(result.stdout)["diff"]
+    assert git(main, "for-each-ref") == refs and snapshot(tree) == before
 
 
 @pytest.mark.parametrize("args, fragment", [
