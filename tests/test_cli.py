@@ -122,3 +122,10 @@ def test_pull_offline(tmp_path):
     result = kog("pull", "smollm2-135m-instruct", env=OFFLINE | {"KOG_HOME": str(tmp_path)})
     assert_one_line_error(result, "offline", chatter_before=True)
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+def test_a_kog_home_that_is_a_file(tmp_path):
+    home = tmp_path / "home"
+    home.write_text("not a folder\n")
+    for args in (["pull", "smollm2-135m-instruct"], ["generate", "hi", "--device", "cpu"]):
+        assert_one_line_error(kog(*args, env=OFFLINE | {"KOG_HOME": str(home)}), "cannot create the folder")

