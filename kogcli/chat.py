@@ -54,7 +54,7 @@ def chat_command(
         if resume:
             chat = store.get(chat_id) if chat_id is not None else store.latest()
             if chat is None:
-                raise KogError("there is no saved chat to resume")
+                raise KogError("there is no saved chat to resume" + (f"; {store.notice}" if store.notice else ""))
             chat_id = chat.id
         options = ChatOptions(model=model, device=device, context=context, system=system, temperature=temperature,
                               seed=seed, max_tokens=max_tokens, resume=chat_id)

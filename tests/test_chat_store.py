@@ -80,6 +80,16 @@ def test_a_damaged_page_is_found_at_open(tmp_path):
     assert reopened.notice is not None and reopened.conversations() == []
 
 
+def test_a_version_without_its_tables_is_kept_aside(tmp_path):
+    db = tmp_path / "chats.db"
+    con = sqlite3.connect(db)
+    con.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")  # the number, but none of the tables
+    con.close()
+    store = ChatStore(db)
+    assert "lacks the tables" in store.notice and len(list(tmp_path.glob("chats.db.corrupt-*"))) == 1
+    assert store.conversations() == []
+
+
 def test_a_history_that_cannot_be_opened_is_left_alone(tmp_path):
     (tmp_path / "chats.db").mkdir()  # sqlite cannot open a directory, which is no sign of corruption
     with pytest.raises(KogError, match="cannot open the chat history"):

@@ -129,3 +129,11 @@ def test_a_kog_home_that_is_a_file(tmp_path):
     home.write_text("not a folder\n")
     for args in (["pull", "smollm2-135m-instruct"], ["generate", "hi", "--device", "cpu"]):
         assert_one_line_error(kog(*args, env=OFFLINE | {"KOG_HOME": str(home)}), "cannot create the folder")
+
+
+def test_resuming_from_a_damaged_history_says_where_it_went(tmp_path):
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "chats.db").write_bytes(os.urandom(4096))
+    result = kog("chat", "--resume", env={"KOG_HOME": str(tmp_path)})
+    assert_one_line_error(result, "there is no saved chat to resume")
+    assert "chats.db.corrupt-" in " ".join(result.stderr.split())

@@ -93,6 +93,9 @@ class ChatStore:
             if db.execute("PRAGMA quick_check").fetchone()[0] != "ok":
                 raise sqlite3.DatabaseError("database disk image is malformed")
             self._migrate(db)
+            tables = {row[0] for row in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if not {"conversations", "messages"} <= tables:  # a version number over a schema that is not there
+                raise sqlite3.DatabaseError(f"its schema lacks the tables of version {SCHEMA_VERSION}")
         except BaseException:
             db.close()
             raise
