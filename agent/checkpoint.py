@@ -261,17 +261,23 @@ def undo(root: Path) -> str:
     if not root.is_dir():
         raise KogError(f"{root} is not a directory")
     for path in reversed(_records(root)):
+        damaged = KogError(f"{path} is damaged; restore by hand from the kog/ branch or .kog/checkpoints/")
         try:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
-            raise KogError(f"{path} is damaged; restore by hand from the kog/ branch or .kog/checkpoints/") from None
+            raise damaged from None
+        if not (isinstance(record, dict) and record.get("kind") in ("git", "copy") and isinstance(record.get("files"), dict)):
+            raise damaged
         if not record.get("undone"):
             break
     else:
         raise KogError(f"nothing to undo in {root}: no kog agent run has changed it")
     store = _store(root, record["kind"])
     # Saved files first: a restored .gitignore decides which of the remaining files count as added.
-    changed = [c for c in _changes(root, store, record) if c[1] is not None]
+    try:  # (everything read before anything is written)
+        changed = [c for c in _changes(root, store, record) if c[1] is not None]
+    except (OSError, KeyError, TypeError, ValueError) as e:
+        raise KogError(f"{path} cannot be restored: its saved copy is incomplete ({e}); nothing was changed") from None
     for rel, old, _, mode in changed:
         _restore(root, root / rel, old, mode)
     added = [rel for rel, old, _, _ in _changes(root, store, record) if old is None]

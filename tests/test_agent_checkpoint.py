@@ -142,3 +142,24 @@ def test_odd_names_and_a_users_kog_branch_do_not_stop_the_checkpoint(tmp_path):
     (root / "stats.py").unlink()
     undo(root)
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", '{"kind": "git", "files": 3}'])
+def test_a_damaged_record_is_one_line(tmp_path, text):
+    root = make_repo(tmp_path, "py_mean")
+    Checkpoint(root, "t1").take()
+    (root / ".kog/checkpoints/t1.json").write_text(text)
+    with pytest.raises(KogError, match="is damaged"):
+        undo(root)
+
+
+def test_a_copy_checkpoint_missing_a_saved_file_changes_nothing(tmp_path):
+    root = make_repo(tmp_path, "py_mean", use_git=False)
+    Checkpoint(root, "t1").take()
+    (root / "stats.py").write_text("changed\n")
+    (root / "pytest.ini").write_text("changed\n")
+    (root / ".kog/checkpoints/t1/stats.py").unlink()
+    before = snapshot(root)
+    with pytest.raises(KogError, match="saved copy is incomplete.*nothing was changed"):
+        undo(root)
+    assert snapshot(root) == before
