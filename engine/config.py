@@ -108,7 +108,10 @@ class ModelConfig:
     @classmethod
     def from_file(cls, path: Path) -> "ModelConfig":
         try:
-            return cls.from_hf(json.loads(path.read_text()))
+            fields = json.loads(path.read_text())
+            if not isinstance(fields, dict):
+                raise TypeError(f"a JSON {type(fields).__name__}, not an object")
+            return cls.from_hf(fields)
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise KogError(f"corrupt model config {path}: {type(e).__name__}: {e}") from None
     def to_hf(self) -> dict:

@@ -73,17 +73,19 @@ def test_unknown_architecture(tiny_dir):
         load_model(tiny_dir)
 
 
-def test_corrupt_config(tiny_dir):
-    (tiny_dir / "config.json").write_text("{ not json")
+@pytest.mark.parametrize("text", ["{ not json", "[1, 2]"])
+def test_corrupt_config(tiny_dir, text):
+    (tiny_dir / "config.json").write_text(text)
     with pytest.raises(KogError, match="corrupt model config"):
         load_model(tiny_dir)
 
 
-def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32):
+def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32, heads=True):
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(1)
     writer.add_embedding_length(32)
-    writer.add_head_count(2)
+    if heads:
+        writer.add_head_count(2)
     writer.add_context_length(64)
     writer.add_feed_forward_length(64)
     data = np.random.default_rng(0).standard_normal((16, 32)).astype(np.float32)
@@ -101,6 +103,13 @@ def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32):
 def test_gguf_unknown_architecture(tmp_path):
     write_gguf(tmp_path / "m.gguf", arch="mamba")
     with pytest.raises(KogError, match="unsupported GGUF architecture 'mamba'"):
+        load_model(tmp_path / "m.gguf")
+
+
+def test_gguf_without_its_head_count(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    write_gguf(tmp_path / "m.gguf", heads=False)
+    with pytest.raises(KogError, match="lacks a valid llama.attention.head_count"):
         load_model(tmp_path / "m.gguf")
 
 

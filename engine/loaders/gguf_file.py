@@ -57,12 +57,20 @@ def _field(reader, key: str, default=None):
     return f.contents() if f is not None else default
 
 
+def _required(reader, key: str, path: Path) -> int:
+    """A positive integer the model cannot be built without."""
+    value = _field(reader, key)
+    if not isinstance(value, int) or value <= 0:
+        raise KogError(f"{path} lacks a valid {key} ({value!r}): not a complete GGUF model")
+    return value
+
+
 def read_config(reader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise KogError(f"unsupported GGUF architecture {arch!r} in {path} (kog runs: {', '.join(sorted(SUPPORTED_ARCHS))})")
-    heads = _field(reader, f"{arch}.attention.head_count")
-    hidden = _field(reader, f"{arch}.embedding_length")
+    heads = _required(reader, f"{arch}.attention.head_count", path)
+    hidden = _required(reader, f"{arch}.embedding_length", path)
     names = {t.name for t in reader.tensors}
     vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
@@ -70,8 +78,8 @@ def read_config(reader, path: Path) -> ModelConfig:
         arch=arch,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=_field(reader, f"{arch}.feed_forward_length"),
-        num_layers=_field(reader, f"{arch}.block_count"),
+        intermediate_size=_required(reader, f"{arch}.feed_forward_length", path),
+        num_layers=_required(reader, f"{arch}.block_count", path),
         num_heads=heads,
         num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
         head_dim=_field(reader, f"{arch}.attention.key_length", hidden // heads),
