@@ -252,7 +252,14 @@ def _diff(root: Path, store, record: dict) -> str:
 # --- undo ------------------------------------------------------------------------------------
 
 def _records(root: Path) -> list[Path]:
-    return sorted((root / CHECKPOINTS).glob("*.json"))
+    """The checkpoint records, oldest first: by creation time (two runs started in the same second), then name."""
+    def created(path: Path) -> float:
+        try:
+            value = json.loads(path.read_text()).get("created", 0.0)
+            return float(value) if isinstance(value, (int, float)) else 0.0
+        except (OSError, ValueError, AttributeError):
+            return 0.0  # a damaged record sorts first; undo reports it when it gets there
+    return sorted((root / CHECKPOINTS).glob("*.json"), key=lambda p: (created(p), p.name))
 
 
 def undo(root: Path) -> str:

@@ -35,11 +35,12 @@ class Trajectory:
 def read(path: Path) -> list[dict]:
     path = Path(path)
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise KogError(f"no such log: {path}") from None
     except (OSError, UnicodeDecodeError) as e:
         raise KogError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    lines = text.splitlines()
     records = []
     for number, line in enumerate(lines, 1):
         if not line.strip():
@@ -47,6 +48,8 @@ def read(path: Path) -> list[dict]:
         try:
             record = json.loads(line)
         except json.JSONDecodeError:
+            if records and number == len(lines) and not text.endswith("\n"):
+                break  # the record being written when the run stopped: the prefix before it stands
             raise KogError(f"{path}:{number} is not a JSON line; is this a kog agent log?") from None
         if not isinstance(record, dict) or "type" not in record:
             raise KogError(f"{path}:{number} is not a kog agent record")

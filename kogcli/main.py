@@ -54,10 +54,13 @@ def models_command():
 
     registry = Registry()
     table = Table(title="kog models")
+    names = {spec.name: f"{spec.name} (default)" if spec.default else spec.name for spec in registry.all()}
     for column in ("name", "params", "download", "arch", "context", "installed", "license"):
-        table.add_column(column, justify="right" if column in ("params", "download", "context") else "left")
+        # a name is what the user types next: never cut, whatever the terminal's width
+        wide = {"no_wrap": True, "min_width": max(map(len, names.values()))} if column == "name" else {}
+        table.add_column(column, justify="right" if column in ("params", "download", "context") else "left", **wide)
     for spec in registry.all():
-        name = f"{spec.name} (default)" if spec.default else spec.name
+        name = names[spec.name]
         table.add_row(
             name, _count(spec.params), _bytes(spec.size), spec.arch, str(spec.context),
             "yes" if installed(spec) else "-", spec.license,

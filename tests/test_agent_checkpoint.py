@@ -163,3 +163,17 @@ def test_a_copy_checkpoint_missing_a_saved_file_changes_nothing(tmp_path):
     with pytest.raises(KogError, match="saved copy is incomplete.*nothing was changed"):
         undo(root)
     assert snapshot(root) == before
+
+
+def test_runs_started_in_the_same_second_are_undone_newest_first(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    original = snapshot(root)
+    Checkpoint(root, "20261204-120000-9000").take()  # the older run, whose id sorts later (its process id)
+    (root / "stats.py").write_text("first run\n")
+    after_first = snapshot(root)
+    Checkpoint(root, "20261204-120000-0001").take()
+    (root / "stats.py").write_text("second run\n")
+    undo(root)
+    assert snapshot(root) == after_first
+    undo(root)
+    assert snapshot(root) == original

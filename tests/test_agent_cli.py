@@ -50,6 +50,11 @@ def test_fix_through_an_endpoint_then_replay_then_undo(tmp_path):
     assert "step 1" in shown.stdout and "step 2" in shown.stdout and "fixed: the tests pass" in shown.stdout
     assert "The mean divides by one too few." not in shown.stdout
     assert "The mean divides by one too few." in kog("agent", "replay", log, "--full").stdout
+    cut = tmp_path / "cut.jsonl"  # a run that stopped while writing its last record
+    text = Path(log).read_text()
+    cut.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 40])
+    shown = kog("agent", "replay", str(cut))
+    assert shown.returncode == 0 and "step 2" in shown.stdout, shown.stderr
 
     undone = kog("agent", "undo", str(root))
     assert undone.returncode == 0 and "restored 1 file(s)" in undone.stderr

@@ -49,6 +49,15 @@ def test_models_marks_the_default(default_gguf):
     assert "qwen3-1.7b" in result.stdout
 
 
+def test_models_shows_every_name_whole_in_a_narrow_terminal():
+    from engine.registry import Registry
+
+    result = kog("models", env={"COLUMNS": "80"})
+    assert result.returncode == 0
+    for spec in Registry().all():
+        assert spec.name in result.stdout
+
+
 def test_generate_streams_text_then_stats_as_json(default_gguf):
     result = kog("generate", "Name a primary color.", "--device", "cpu", "--max-tokens", "12", "--json")
     assert result.returncode == 0, result.stderr
