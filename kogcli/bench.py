@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from pathlib import Path
 from typing import Optional
@@ -47,6 +48,9 @@ def bench_command(
         raise KogError("--runs must be >= 1 and --tokens >= 2")
     if plot_file is not None:
         _require_matplotlib()
+    for report_file in (json_file, plot_file):  # not after minutes of measuring
+        if report_file is not None:
+            _check_writable(report_file)
     targets = model or (GPU_MODELS if device == "cuda" and not quick else [None])
     workloads = [
         benchmark.Workload(context=c, generate=tokens or _default_tokens(device, quick), repetitions=runs or (3 if quick else 5))
@@ -99,6 +103,17 @@ def bench_command(
             _plot(results, bandwidth, plot_file)
     except OSError as e:
         raise KogError(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+
+
+def _check_writable(path: Path) -> None:
+    """A one-line error now if `path` could not be written (write_atomic makes missing folders)."""
+    if path.is_dir():
+        raise KogError(f"cannot write {path}: it is a folder")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+        raise KogError(f"cannot write {path}: {folder} is not a folder this user may write in")
 
 
 def _default_tokens(device: str, quick: bool) -> int:

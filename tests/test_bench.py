@@ -127,3 +127,11 @@ def test_default_model_that_cannot_be_pulled_fails_before_measuring(tmp_path):
                  "--tokens", "3", "--runs", "1", env=env)
     assert_one_line_error(result, "cannot reach the package index", chatter_before=True)
     assert "measuring" not in result.stderr
+
+
+def test_a_report_that_cannot_be_written_fails_before_measuring(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for out in (tmp_path, tmp_path / "a-file" / "bench.json"):
+        result = kog("bench", "--quick", "--device", "cpu", "--json", str(out))
+        assert_one_line_error(result, f"cannot write {out}")
+        assert "measuring" not in result.stderr
