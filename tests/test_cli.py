@@ -74,6 +74,15 @@ def test_generate_raw_prints_a_stats_line(default_gguf):
     assert "tok/s" in result.stderr and "TTFT" in result.stderr
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (["--context", "3"], "context must be at least 16"),
+    (["--device", "bogus"], "unknown device 'bogus'"),
+    (["--temperature", "nan"], "temperature must be a finite number"),
+])
+def test_chat_refuses_bad_options_before_the_screen(tmp_path, args, fragment):
+    assert_one_line_error(kog("chat", *args, env={"KOG_HOME": str(tmp_path)}), fragment)
+
+
 def test_interrupted_generation_prints_its_stats_and_exits_130(default_gguf):
     proc = subprocess.Popen([*KOG, "generate", "Tell me a long story.", "--device", "cpu", "--max-tokens", "4000"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
