@@ -36,7 +36,7 @@ def home(tmp_path):
         (["--model", "smollm2-135m-instruc"], "did you mean smollm2-135m-instruct"),
         (["--resume", "999"], "no chat with id 999"),
         (["--resume"], "there is no saved chat to resume"),
-        (["--temperature", "-1"], "temperature must be >= 0"),
+        (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     ],
 )
 def test_command_line_mistakes_are_one_line(home, args, message):
