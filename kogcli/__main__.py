@@ -1,3 +1,3 @@
-from kogcli.main import run
+from kogcli import main
 
-run()
+main()

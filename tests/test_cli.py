@@ -96,6 +96,25 @@ def test_interrupted_generation_prints_its_stats_and_exits_130(default_gguf):
     assert "stop: cancelled" in " ".join(errors.split()) and "Traceback" not in errors
 
 
+# A Ctrl+C that lands while kog's modules load, made certain: the import of kogcli.main raises it.
+_INTERRUPTED_IMPORT = """
+import builtins, sys
+real_import = builtins.__import__
+def interrupted(name, *args, **kwargs):
+    if name == "kogcli.main":
+        raise KeyboardInterrupt
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = interrupted
+from kogcli import main
+main()
+"""
+
+
+def test_a_ctrl_c_while_loading_exits_130_without_a_traceback():
+    result = subprocess.run([sys.executable, "-c", _INTERRUPTED_IMPORT], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 130 and result.stderr.strip() == "interrupted", result.stderr
+
+
 def test_unknown_model_suggests_close_names():
     assert_one_line_error(kog("generate", "hi", "--model", "smollm2-135m-instruc"), "did you mean smollm2-135m-instruct")
 
