@@ -8,7 +8,10 @@ without git's filters (eol, clean/smudge), so what comes back is the bytes that 
 Anywhere else, every file outside `.kog/`, copied under `.kog/checkpoints/<run id>/`.
 A record beside it lists each file's mode and blob id; `undo` rewrites the files whose
 bytes or mode differ and deletes the files the run added. The agent may not write a file
-git ignores, since no checkpoint would hold it.
+git ignores, since no checkpoint would hold it. Where shell commands may run (which can touch
+any file), a git checkpoint also holds the small files git ignores (`.env`, local settings:
+IGNORED_LIMITS), outside dependency and build folders; undo puts back those a run changed or
+deleted, and leaves the ignored files a run added (caches) alone.
 """
 
 from __future__ import annotations
@@ -21,13 +24,16 @@ import shutil
 import subprocess
 import tempfile
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from agent.errors import ToolError
+from agent.workspace import SKIP_DIRS
 from engine.files import write_atomic
 from engine.errors import KogError
 
 KOG_DIR = ".kog"
+# Ignored files a shell-enabled run's checkpoint holds: each at most this many bytes, this many in all
+IGNORED_LIMITS = {"file_bytes": 1 << 20, "files": 2000, "total_bytes": 64 << 20}
 CHECKPOINTS = f"{KOG_DIR}/checkpoints"
 LINK = 0o120000
 IDENTITY = {"GIT_AUTHOR_NAME": "kog agent", "GIT_AUTHOR_EMAIL": "kog@localhost",
@@ -72,6 +78,23 @@ class GitStore:
     def current(self) -> list[str]:
         names = _git(self.root, "ls-files", "-z", "--cached", "--others", "--exclude-standard").decode(errors="surrogateescape")
         return [n for n in dict.fromkeys(names.split("\0")) if n and _is_file_or_link(self.root / n)]
+
+    def ignored(self) -> list[str]:
+        """The small files git ignores, outside dependency and build folders, within IGNORED_LIMITS."""
+        names = _git(self.root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard").decode(errors="surrogateescape")
+        kept, total = [], 0
+        for name in names.split("\0"):
+            path = self.root / name
+            if not name or set(PurePosixPath(name).parts) & (SKIP_DIRS | {KOG_DIR}) or not _is_file_or_link(path):
+                continue
+            size = path.lstat().st_size
+            if size > IGNORED_LIMITS["file_bytes"] or total + size > IGNORED_LIMITS["total_bytes"]:
+                continue
+            kept.append(name)
+            total += size
+            if len(kept) == IGNORED_LIMITS["files"]:
+                break
+        return kept
 
     def covers(self, path: str) -> bool:
         ignored = subprocess.run(["git", "check-ignore", "-q", "--", path], cwd=self.root, check=False)
@@ -179,12 +202,14 @@ def _blob_id(data: bytes, algorithm: str) -> str:
 # --- the checkpoint --------------------------------------------------------------------------
 
 class Checkpoint:
-    """Taken lazily: `before_write` saves the repository the first time anything is about to change."""
+    """Taken lazily: `before_write` saves the repository the first time anything is about to change.
+    `keep_ignored`: shell commands may run, so small ignored files are saved too (git checkpoints)."""
 
-    def __init__(self, root: Path, run_id: str):
+    def __init__(self, root: Path, run_id: str, keep_ignored: bool = False):
         self.root = Path(root).resolve()
         self.run_id = run_id
         self.store = _store(self.root)
+        self.keep_ignored = keep_ignored and self.store.kind == "git"  # (a copy checkpoint holds every file)
         self.record: dict | None = None
 
     @property
@@ -199,10 +224,12 @@ class Checkpoint:
     def take(self) -> dict:
         if self.record is None:
             files = {}
-            for p in self.store.current():
+            ignored = self.store.ignored() if self.keep_ignored else []
+            for p in self.store.current() + ignored:
                 mode, data = _read(self.root / p)
                 files[p] = [mode, _blob_id(data, self.store.algorithm)]
-            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
+            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files,
+                      "ignored": ignored}
             record |= self.store.save(self.run_id, files)
             write_atomic(kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json", json.dumps(record).encode())
             self.record = record
@@ -215,9 +242,12 @@ class Checkpoint:
         return _diff(self.root, self.store, self.record)
 
 
-def _changes(root: Path, store, record: dict) -> list[tuple[str, bytes | None, tuple[int, bytes] | None, int]]:
-    """(path, saved bytes or None, (mode, bytes) now or None, saved mode) for each file that differs."""
+def _changes(root: Path, store, record: dict, with_ignored: bool = True) -> list[tuple[str, bytes | None, tuple[int, bytes] | None, int]]:
+    """(path, saved bytes or None, (mode, bytes) now or None, saved mode) for each file that differs; the
+    saved ignored files only `with_ignored` (undo restores them; the run's diff would only show its caches)."""
     saved = record["files"]
+    if not with_ignored:
+        saved = {p: v for p, v in saved.items() if p not in set(record.get("ignored", ()))}
     out = []
     for path in sorted(set(saved) | set(store.current())):
         now = _read(root / path)
@@ -233,7 +263,7 @@ def _changes(root: Path, store, record: dict) -> list[tuple[str, bytes | None, t
 
 def _diff(root: Path, store, record: dict) -> str:
     parts = []
-    for path, old, now, old_mode in _changes(root, store, record):
+    for path, old, now, old_mode in _changes(root, store, record, with_ignored=False):
         new = now[1] if now is not None else None
         if old == new:
             parts.append(f"mode {path}: {oct(old_mode)} -> {oct(now[0])}\n")

@@ -66,7 +66,7 @@ class Agent:
         self.log: Trajectory | None = None
         self.run_id = run_id or new_run_id()
         self.command = testcmd.detect(self.root, options.test_cmd)
-        self.checkpoint = Checkpoint(self.root, self.run_id)
+        self.checkpoint = Checkpoint(self.root, self.run_id, keep_ignored=options.allow_shell)
         self.workspace = Workspace(self.root, self.checkpoint, options.allow_test_edits, self.command.config_files)
         self.system = prompts.system(options.allow_shell, options.allow_test_edits)
         self.step_tokens = min(options.step_tokens, client.context_size // 2)

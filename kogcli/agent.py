@@ -37,7 +37,7 @@ def fix_command(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KOG_API_KEY", show_envvar=True, help="Bearer token for --endpoint."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (local model)."),
-    allow_shell: bool = typer.Option(False, "--allow-shell", help="Let the model run shell commands (@run_command). `kog agent undo` restores the files git does not ignore; what a command does to ignored files (.env, caches) or outside the repository, it cannot."),
+    allow_shell: bool = typer.Option(False, "--allow-shell", help="Let the model run shell commands (@run_command). `kog agent undo` then also restores small git-ignored files (.env: up to 1 MiB each, 64 MiB in all, outside dependency and build folders); not larger ones, nor anything outside the repository."),
     allow_test_edits: bool = typer.Option(False, "--allow-test-edits", help="Let the model change test files and test configuration."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Work on a scratch copy; show the diff, write nothing."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Show only the summary."),

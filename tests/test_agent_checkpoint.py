@@ -177,3 +177,36 @@ def test_runs_started_in_the_same_second_are_undone_newest_first(tmp_path):
     assert snapshot(root) == after_first
     undo(root)
     assert snapshot(root) == original
+
+
+def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    with open(root / ".gitignore", "a") as f:
+        f.write(".env\ncache/\nnode_modules/\n")
+    (root / ".env").write_text("TOKEN=secret\n")
+    (root / "cache").mkdir()
+    (root / "cache/state.json").write_text('{"a": 1}\n')
+    (root / "node_modules").mkdir()
+    (root / "node_modules/dep.js").write_text("module.exports = 1\n")
+    (root / "big.log").write_bytes(b"x" * ((1 << 20) + 1))
+    with open(root / ".gitignore", "a") as f:
+        f.write("big.log\n")
+    checkpoint = Checkpoint(root, "t1", keep_ignored=True)
+    assert sorted(checkpoint.take()["ignored"]) == [".env", "cache/state.json"]  # not dependencies, not large files
+    before = snapshot(root)
+    (root / ".env").unlink()  # what a shell command might do
+    (root / "cache/state.json").write_text("{}\n")
+    (root / "cache/new.json").write_text("{}\n")
+    (root / "stats.py").write_text("changed\n")
+    diff = checkpoint.diff()
+    assert "stats.py" in diff and ".env" not in diff and "cache/" not in diff  # the run's diff: its edits, not caches
+    undo(root)
+    assert snapshot(root) == before | {"cache/new.json": snapshot(root)["cache/new.json"]}  # added ignored files stay
+
+
+def test_without_shell_commands_ignored_files_are_not_saved(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    with open(root / ".gitignore", "a") as f:
+        f.write(".env\n")
+    (root / ".env").write_text("TOKEN=secret\n")
+    assert ".env" not in Checkpoint(root, "t1").take()["files"]

@@ -329,6 +329,19 @@ def test_run_command_needs_allow_shell_and_is_checkpointed(tmp_path):
     assert snapshot(root) == before
 
 
+def test_undo_brings_back_an_ignored_file_a_command_deleted(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    with open(root / ".gitignore", "a") as f:
+        f.write(".env\n")
+    (root / ".env").write_text("TOKEN=secret\n")
+    before = snapshot(root)
+    summary, _, records, _ = run(root, ["@run_command rm .env\n", FIX_MEAN], tmp_path, test_cmd=QUICK_MEAN_TEST,
+                                 allow_shell=True)
+    assert summary["fixed"] and not (root / ".env").exists()
+    undo(root)
+    assert snapshot(root) == before
+
+
 def test_old_output_is_dropped_to_stay_inside_a_small_window(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     (root / "big.py").write_text("".join(f"value_{i} = {i}  # padding padding padding\n" for i in range(400)))
