@@ -9,9 +9,10 @@ Anywhere else, every file outside `.kog/`, copied under `.kog/checkpoints/<run i
 A record beside it lists each file's mode and blob id; `undo` rewrites the files whose
 bytes or mode differ and deletes the files the run added. The agent may not write a file
 git ignores, since no checkpoint would hold it. Where shell commands may run (which can touch
-any file), a git checkpoint also holds the small files git ignores (`.env`, local settings:
-IGNORED_LIMITS), outside dependency and build folders; undo puts back those a run changed or
-deleted, and leaves the ignored files a run added (caches) alone.
+any file), a git checkpoint also keeps copies of the small files git ignores (`.env`, local
+settings: IGNORED_LIMITS, the shallowest first, outside dependency, build and cache folders)
+under `.kog/checkpoints/<run id>.ignored/`, never in git, where a push could take them; undo
+puts back those a run changed or deleted, and leaves the ignored files a run added alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from engine.errors import KogError
 KOG_DIR = ".kog"
 # Ignored files a shell-enabled run's checkpoint holds: each at most this many bytes, this many in all
 IGNORED_LIMITS = {"file_bytes": 1 << 20, "files": 2000, "total_bytes": 64 << 20}
+# Folders of ignored files that tools remake (beside the workspace's dependency and build folders)
+CACHE_DIRS = {".mypy_cache", ".pytest_cache", ".ruff_cache", ".cache", ".next", ".nuxt", ".gradle", ".idea", ".vs",
+              ".eggs", "htmlcov", ".coverage_html", ".parcel-cache", ".turbo"}
 CHECKPOINTS = f"{KOG_DIR}/checkpoints"
 LINK = 0o120000
 IDENTITY = {"GIT_AUTHOR_NAME": "kog agent", "GIT_AUTHOR_EMAIL": "kog@localhost",
@@ -80,20 +84,26 @@ class GitStore:
         return [n for n in dict.fromkeys(names.split("\0")) if n and _is_file_or_link(self.root / n)]
 
     def ignored(self) -> list[str]:
-        """The small files git ignores, outside dependency and build folders, within IGNORED_LIMITS."""
+        """The small files git ignores, outside dependency, build and cache folders, within IGNORED_LIMITS:
+        the shallowest and smallest first (a `.env` at the top before anything deep in a tree)."""
         names = _git(self.root, "ls-files", "-z", "--others", "--ignored", "--exclude-standard").decode(errors="surrogateescape")
-        kept, total = [], 0
+        candidates = []
         for name in names.split("\0"):
-            path = self.root / name
-            if not name or set(PurePosixPath(name).parts) & (SKIP_DIRS | {KOG_DIR}) or not _is_file_or_link(path):
+            parts = PurePosixPath(name).parts
+            if not name or set(parts) & (SKIP_DIRS | CACHE_DIRS | {KOG_DIR}) or any(p.endswith(".egg-info") for p in parts):
                 continue
-            size = path.lstat().st_size
-            if size > IGNORED_LIMITS["file_bytes"] or total + size > IGNORED_LIMITS["total_bytes"]:
-                continue
+            try:
+                size = (self.root / name).lstat().st_size
+            except OSError:
+                continue  # gone since the listing
+            if size <= IGNORED_LIMITS["file_bytes"]:
+                candidates.append((len(parts), size, name))
+        kept, total = [], 0
+        for _, size, name in sorted(candidates):
+            if len(kept) == IGNORED_LIMITS["files"] or total + size > IGNORED_LIMITS["total_bytes"]:
+                break
             kept.append(name)
             total += size
-            if len(kept) == IGNORED_LIMITS["files"]:
-                break
         return kept
 
     def covers(self, path: str) -> bool:
@@ -224,14 +234,18 @@ class Checkpoint:
     def take(self) -> dict:
         if self.record is None:
             files = {}
-            ignored = self.store.ignored() if self.keep_ignored else []
-            for p in self.store.current() + ignored:
+            for p in self.store.current():
                 mode, data = _read(self.root / p)
                 files[p] = [mode, _blob_id(data, self.store.algorithm)]
-            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files,
-                      "ignored": ignored}
+            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
             record |= self.store.save(self.run_id, files)
-            write_atomic(kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json", json.dumps(record).encode())
+            if self.keep_ignored:
+                record |= _save_ignored(self.root, self.run_id, self.store.ignored(), self.store.algorithm)
+            where = kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json"
+            try:
+                write_atomic(where, json.dumps(record).encode())
+            except OSError as e:  # kog's own failure (a full disk), not the model's: it ends the run
+                raise KogError(f"cannot save the checkpoint {where}: {e.strerror or e}") from None
             self.record = record
         return self.record
 
@@ -242,12 +256,32 @@ class Checkpoint:
         return _diff(self.root, self.store, self.record)
 
 
+def _save_ignored(root: Path, run_id: str, paths: list[str], algorithm: str) -> dict:
+    """Copies of the ignored files `paths` beside the record, with their modes (a `.env` stays private), and
+    the record's entries for them; a file that cannot be read (another user's, gone since) is left out."""
+    folder = f"{CHECKPOINTS}/{run_id}.ignored"
+    saved = {}
+    for p in paths:
+        try:
+            now = _read(root / p)
+            if now is None:
+                continue
+            copy = root / folder / p
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            if now[0] == LINK:
+                os.symlink(now[1].decode(errors="surrogateescape"), copy)
+            else:
+                write_atomic(copy, now[1], mode=now[0])
+        except OSError:
+            continue
+        saved[p] = [now[0], _blob_id(now[1], algorithm)]
+    return {"ignored": saved, "ignored_folder": folder}
+
+
 def _changes(root: Path, store, record: dict, with_ignored: bool = True) -> list[tuple[str, bytes | None, tuple[int, bytes] | None, int]]:
     """(path, saved bytes or None, (mode, bytes) now or None, saved mode) for each file that differs; the
-    saved ignored files only `with_ignored` (undo restores them; the run's diff would only show its caches)."""
+    saved ignored files too `with_ignored` (undo restores them; the run's diff leaves them out)."""
     saved = record["files"]
-    if not with_ignored:
-        saved = {p: v for p, v in saved.items() if p not in set(record.get("ignored", ()))}
     out = []
     for path in sorted(set(saved) | set(store.current())):
         now = _read(root / path)
@@ -258,6 +292,12 @@ def _changes(root: Path, store, record: dict, with_ignored: bool = True) -> list
             out.append((path, store.data(record, path, digest), now, mode))
         elif now is not None:
             out.append((path, None, now, 0))
+    if with_ignored and record.get("ignored"):
+        copies = CopyStore(root)
+        for path, (mode, digest) in sorted(record["ignored"].items()):
+            now = _read(root / path)
+            if now is None or now[0] != mode or _blob_id(now[1], store.algorithm) != digest:
+                out.append((path, copies.data({"folder": record["ignored_folder"]}, path, digest), now, mode))
     return out
 
 
@@ -285,10 +325,12 @@ def _records(root: Path) -> list[Path]:
     """The checkpoint records, oldest first: by creation time (two runs started in the same second), then name."""
     def created(path: Path) -> float:
         try:
-            value = json.loads(path.read_text()).get("created", 0.0)
-            return float(value) if isinstance(value, (int, float)) else 0.0
-        except (OSError, ValueError, AttributeError):
-            return 0.0  # a damaged record sorts first; undo reports it when it gets there
+            value = json.loads(path.read_text())["created"]
+            if isinstance(value, (int, float)):
+                return float(value)
+        except (OSError, ValueError, LookupError, TypeError):
+            pass
+        return float("inf")  # a damaged record sorts last: undo stops at it rather than pass over it
     return sorted((root / CHECKPOINTS).glob("*.json"), key=lambda p: (created(p), p.name))
 
 
@@ -298,7 +340,7 @@ def undo(root: Path) -> str:
     if not root.is_dir():
         raise KogError(f"{root} is not a directory")
     for path in reversed(_records(root)):
-        damaged = KogError(f"{path} is damaged; restore by hand from the kog/ branch or .kog/checkpoints/")
+        damaged = KogError(f"{path} is damaged; restore by hand from its kog/ (or kog-checkpoints/) branch or .kog/checkpoints/")
         try:
             record = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):

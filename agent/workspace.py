@@ -9,6 +9,7 @@ configuration need `allow_test_edits`, and the checkpoint must have saved the re
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import shutil
@@ -19,6 +20,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING
 
 from agent.errors import ToolError
+from engine.errors import KogError
 from engine.files import write_atomic
 
 if TYPE_CHECKING:
@@ -109,7 +111,12 @@ class Workspace:
         if real.is_dir():
             raise ToolError(f"{rel}: is a directory")
         self.checkpoint.before_write(rel)
-        write_atomic(real, text.encode("utf-8"))
+        try:
+            write_atomic(real, text.encode("utf-8"))
+        except OSError as e:
+            if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):  # no edit can succeed: end the run
+                raise KogError(f"cannot write {real}: {e.strerror}") from None
+            raise  # the path's own problem (a name too long, a file where a folder must be): the model's to fix
         self.written.add(rel)
         self._files = None
         return real

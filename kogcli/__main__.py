@@ -1,3 +1,3 @@
-from kogcli import main
+from kogcli import entry_point
 
-main()
+entry_point()

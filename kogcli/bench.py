@@ -107,11 +107,14 @@ def bench_command(
 
 def _check_writable(path: Path) -> None:
     """A one-line error now if `path` could not be written (write_atomic makes missing folders)."""
-    if path.is_dir():
-        raise KogError(f"cannot write {path}: it is a folder")
-    folder = path.parent
-    while not folder.exists():
-        folder = folder.parent
+    try:
+        if path.is_dir():
+            raise KogError(f"cannot write {path}: it is a folder")
+        folder = path.parent
+        while not folder.exists():
+            folder = folder.parent
+    except OSError as e:  # a folder on the way this user may not enter
+        raise KogError(f"cannot write {path}: {e.strerror or e}") from None
     if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
         raise KogError(f"cannot write {path}: {folder} is not a folder this user may write in")
 

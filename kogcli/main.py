@@ -153,7 +153,7 @@ agent.register(app)
 
 
 def run() -> None:
-    """The `kog` command's commands (the entry point, `main` in kogcli/__init__.py, loads this module and calls it)."""
+    """The `kog` command's commands (the entry point, `entry_point` in kogcli/__init__.py, loads this module and calls it)."""
     try:
         app(prog_name="kog")
     except SystemExit as e:

@@ -192,7 +192,9 @@ def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
     with open(root / ".gitignore", "a") as f:
         f.write("big.log\n")
     checkpoint = Checkpoint(root, "t1", keep_ignored=True)
-    assert sorted(checkpoint.take()["ignored"]) == [".env", "cache/state.json"]  # not dependencies, not large files
+    record = checkpoint.take()
+    assert sorted(record["ignored"]) == [".env", "cache/state.json"]  # not dependencies, not large files
+    assert ".env" not in git(root, "ls-tree", "-r", "--name-only", record["ref"])  # never in git, where a push takes it
     before = snapshot(root)
     (root / ".env").unlink()  # what a shell command might do
     (root / "cache/state.json").write_text("{}\n")
@@ -210,3 +212,40 @@ def test_without_shell_commands_ignored_files_are_not_saved(tmp_path):
         f.write(".env\n")
     (root / ".env").write_text("TOKEN=secret\n")
     assert ".env" not in Checkpoint(root, "t1").take()["files"]
+
+
+def test_the_shallowest_ignored_files_are_kept_first_and_unreadable_ones_skipped(tmp_path, monkeypatch):
+    import agent.checkpoint as checkpoint_module
+
+    root = make_repo(tmp_path, "py_mean")
+    with open(root / ".gitignore", "a") as f:
+        f.write(".env\nlocal/\nsecret.key\n")
+    (root / "local/deep/er").mkdir(parents=True)
+    for i in range(5):
+        (root / f"local/deep/er/f{i}.txt").write_text("x\n")
+    (root / ".env").write_text("TOKEN=secret\n")
+    (root / "secret.key").write_text("not ours to read\n")
+    monkeypatch.setitem(checkpoint_module.IGNORED_LIMITS, "files", 3)
+    real_read = checkpoint_module._read
+
+    def unreadable(path):
+        if path.name == "secret.key":
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_read(path)
+
+    monkeypatch.setattr(checkpoint_module, "_read", unreadable)
+    saved = Checkpoint(root, "t1", keep_ignored=True).take()["ignored"]
+    assert ".env" in saved and "secret.key" not in saved and len(saved) == 2  # the cap takes the shallowest first
+
+
+def test_a_damaged_newest_record_stops_undo(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    Checkpoint(root, "t1").take()
+    (root / "stats.py").write_text("first run\n")
+    Checkpoint(root, "t2").take()
+    (root / "stats.py").write_text("second run\n")
+    (root / ".kog/checkpoints/t2.json").write_text("{")
+    before = snapshot(root)
+    with pytest.raises(KogError, match="t2.json is damaged"):
+        undo(root)
+    assert snapshot(root) == before

@@ -13,6 +13,7 @@ from agent.checkpoint import Checkpoint
 from agent.errors import ToolError
 from agent.tools import Tools
 from agent.workspace import Workspace
+from engine.errors import KogError
 
 
 @pytest.fixture
@@ -101,7 +102,7 @@ def test_a_failed_write_leaves_the_old_file(repo, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", broken)
-    with pytest.raises(OSError):
+    with pytest.raises(KogError, match="No space left"):  # no edit can succeed: it ends the run
         ws.write_text("stats.py", "x" * 10_000)
     assert (repo / "stats.py").read_bytes() == original
     assert sorted(p.name for p in repo.iterdir()) == sorted([".git", ".gitignore", ".kog", "pytest.ini", "stats.py", "tests"])

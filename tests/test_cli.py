@@ -105,8 +105,8 @@ def interrupted(name, *args, **kwargs):
         raise KeyboardInterrupt
     return real_import(name, *args, **kwargs)
 builtins.__import__ = interrupted
-from kogcli import main
-main()
+from kogcli import entry_point
+entry_point()
 """
 
 
