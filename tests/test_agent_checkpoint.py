@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from agent_fixtures.repos import git, make_repo, snapshot
+from agent_fixtures.repos import git, ignore, make_repo, snapshot
 
 from agent.checkpoint import Checkpoint, undo
 from engine.errors import KogError
@@ -181,16 +181,14 @@ def test_runs_started_in_the_same_second_are_undone_newest_first(tmp_path):
 
 def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
     root = make_repo(tmp_path, "py_mean")
-    with open(root / ".gitignore", "a") as f:
-        f.write(".env\ncache/\nnode_modules/\n")
+    ignore(root, ".env", "cache/", "node_modules/")
     (root / ".env").write_text("TOKEN=secret\n")
     (root / "cache").mkdir()
     (root / "cache/state.json").write_text('{"a": 1}\n')
     (root / "node_modules").mkdir()
     (root / "node_modules/dep.js").write_text("module.exports = 1\n")
     (root / "big.log").write_bytes(b"x" * ((1 << 20) + 1))
-    with open(root / ".gitignore", "a") as f:
-        f.write("big.log\n")
+    ignore(root, "big.log")
     checkpoint = Checkpoint(root, "t1", keep_ignored=True)
     record = checkpoint.take()
     assert sorted(record["ignored"]) == [".env", "cache/state.json"]  # not dependencies, not large files
@@ -208,8 +206,7 @@ def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
 
 def test_without_shell_commands_ignored_files_are_not_saved(tmp_path):
     root = make_repo(tmp_path, "py_mean")
-    with open(root / ".gitignore", "a") as f:
-        f.write(".env\n")
+    ignore(root, ".env")
     (root / ".env").write_text("TOKEN=secret\n")
     assert ".env" not in Checkpoint(root, "t1").take()["files"]
 
@@ -218,8 +215,7 @@ def test_the_shallowest_ignored_files_are_kept_first_and_unreadable_ones_skipped
     import agent.checkpoint as checkpoint_module
 
     root = make_repo(tmp_path, "py_mean")
-    with open(root / ".gitignore", "a") as f:
-        f.write(".env\nlocal/\nsecret.key\n")
+    ignore(root, ".env", "local/", "secret.key")
     (root / "local/deep/er").mkdir(parents=True)
     for i in range(5):
         (root / f"local/deep/er/f{i}.txt").write_text("x\n")

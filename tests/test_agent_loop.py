@@ -11,7 +11,7 @@ import shutil
 import sys
 
 import pytest
-from agent_fixtures.repos import git, make_repo, snapshot
+from agent_fixtures.repos import git, ignore, make_repo, snapshot
 from agent_fixtures.scripted_model import ENDLESS, ScriptedModel
 from rich.console import Console
 
@@ -331,8 +331,7 @@ def test_run_command_needs_allow_shell_and_is_checkpointed(tmp_path):
 
 def test_undo_brings_back_an_ignored_file_a_command_deleted(tmp_path):
     root = make_repo(tmp_path, "py_mean")
-    with open(root / ".gitignore", "a") as f:
-        f.write(".env\n")
+    ignore(root, ".env")
     (root / ".env").write_text("TOKEN=secret\n")
     before = snapshot(root)
     summary, _, records, _ = run(root, ["@run_command rm .env\n", FIX_MEAN], tmp_path, test_cmd=QUICK_MEAN_TEST,

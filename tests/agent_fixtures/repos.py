@@ -29,6 +29,12 @@ def make_repo(tmp_path: Path, name: str, use_git: bool = True) -> Path:
     return root
 
 
+def ignore(root: Path, *patterns: str) -> None:
+    """Add `patterns` to the repository's .gitignore."""
+    with open(root / ".gitignore", "a") as f:
+        f.write("".join(f"{p}\n" for p in patterns))
+
+
 def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
     """Every file outside .git and .kog: (mode, bytes), a symlink as (0, its target)."""
     found = {}
