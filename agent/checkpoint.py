@@ -165,12 +165,7 @@ class CopyStore:
     def save(self, run_id: str, files: dict[str, list]) -> dict:
         folder = f"{CHECKPOINTS}/{run_id}"
         for p, (mode, _) in files.items():
-            source, copy = self.root / p, self.root / folder / p
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            if mode == LINK:
-                os.symlink(os.readlink(source), copy)
-            else:
-                shutil.copyfile(source, copy)
+            _keep_copy(self.root / p, self.root / folder / p, mode)
         return {"folder": folder}
 
     def data(self, record: dict, path: str, digest: str) -> bytes:
@@ -186,6 +181,16 @@ def _store(root: Path, kind: str | None = None):
 
 
 # --- the state of one file -------------------------------------------------------------------
+
+def _keep_copy(source: Path, copy: Path, mode: int) -> None:
+    """A checkpoint's copy of one file (a link as a link), with the file's permission bits (a `.env` stays private)."""
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    if mode == LINK:
+        os.symlink(os.readlink(source), copy)
+    else:
+        shutil.copyfile(source, copy)
+        os.chmod(copy, mode)
+
 
 def _is_file_or_link(path: Path) -> bool:
     return path.is_symlink() or path.is_file()
@@ -257,24 +262,18 @@ class Checkpoint:
 
 
 def _save_ignored(root: Path, run_id: str, paths: list[str], algorithm: str) -> dict:
-    """Copies of the ignored files `paths` beside the record, with their modes (a `.env` stays private), and
-    the record's entries for them; a file that cannot be read (another user's, gone since) is left out."""
+    """Copies of the ignored files `paths` beside the record, and the record's entries for them; a file that
+    cannot be read (another user's, gone since) is left out."""
     folder = f"{CHECKPOINTS}/{run_id}.ignored"
     saved = {}
     for p in paths:
         try:
             now = _read(root / p)
-            if now is None:
-                continue
-            copy = root / folder / p
-            copy.parent.mkdir(parents=True, exist_ok=True)
-            if now[0] == LINK:
-                os.symlink(now[1].decode(errors="surrogateescape"), copy)
-            else:
-                write_atomic(copy, now[1], mode=now[0])
+            if now is not None:
+                _keep_copy(root / p, root / folder / p, now[0])
+                saved[p] = [now[0], _blob_id(now[1], algorithm)]
         except OSError:
             continue
-        saved[p] = [now[0], _blob_id(now[1], algorithm)]
     return {"ignored": saved, "ignored_folder": folder}
 
 

@@ -183,6 +183,7 @@ def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     ignore(root, ".env", "cache/", "node_modules/")
     (root / ".env").write_text("TOKEN=secret\n")
+    (root / ".env").chmod(0o600)
     (root / "cache").mkdir()
     (root / "cache/state.json").write_text('{"a": 1}\n')
     (root / "node_modules").mkdir()
@@ -193,6 +194,7 @@ def test_a_shell_enabled_runs_checkpoint_keeps_small_ignored_files(tmp_path):
     record = checkpoint.take()
     assert sorted(record["ignored"]) == [".env", "cache/state.json"]  # not dependencies, not large files
     assert ".env" not in git(root, "ls-tree", "-r", "--name-only", record["ref"])  # never in git, where a push takes it
+    assert (root / record["ignored_folder"] / ".env").stat().st_mode & 0o777 == 0o600  # and as private as the file
     before = snapshot(root)
     (root / ".env").unlink()  # what a shell command might do
     (root / "cache/state.json").write_text("{}\n")
