@@ -48,19 +48,20 @@ def run_transformers(runs: int, tokens: int) -> dict:
     import torch
     import transformers
 
+    from engine.benchmark import cache_argument
     from engine.registry import Registry, local_path
 
     path = local_path(Registry().default())
     model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     rates = []
     for _ in range(runs + 1):
-        ids, past, out = torch.tensor([prompt_ids(model.config.vocab_size)]), None, []
+        ids, out = torch.tensor([prompt_ids(model.config.vocab_size)]), []
+        cache = cache_argument(model, transformers.DynamicCache())
         with torch.inference_mode():
             for step in range(tokens):
                 if step == 1:
                     first = time.perf_counter()
-                result = model(ids, past_key_values=past, use_cache=True)
-                past = result.past_key_values
+                result = model(ids, use_cache=True, **cache)
                 out.append(int(result.logits[0, -1].argmax()))
                 ids = torch.tensor([[out[-1]]])
         rates.append((tokens - 1) / (time.perf_counter() - first))

@@ -11,6 +11,7 @@ tie (`apply_gate`).
 
 from __future__ import annotations
 
+import inspect
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -165,16 +166,25 @@ def run_transformers(model: LoadedModel, device: str, workload: Workload, synthe
     return result
 
 
+def cache_argument(hf, cache) -> dict:
+    """The keyword argument that hands `cache` to a transformers model's forward: `cache` from
+    transformers 5.2x on (`past_key_values` still works there, with a warning, until its removal),
+    `past_key_values` before."""
+    name = "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
 def _eager_decoder(hf):
     import torch
+    from transformers import DynamicCache
 
     device = hf.device
 
     def decode(prompt: list[int], n: int, start: float, ties: list | None = None):
-        ids, past, tokens, times = torch.tensor([prompt], device=device), None, [], []
+        ids, tokens, times = torch.tensor([prompt], device=device), [], []
+        cache = cache_argument(hf, DynamicCache())  # filled in place, step by step
         for _ in range(n):
-            out = hf(ids, past_key_values=past, use_cache=True)
-            past = out.past_key_values
+            out = hf(ids, use_cache=True, **cache)
             logits = out.logits[0, -1]
             tokens.append(int(logits.argmax()))  # the host needs the token: a sync, as in generate()
             times.append(time.perf_counter())
@@ -206,18 +216,19 @@ def _graph_decoder(hf, config: ModelConfig, workload: Workload):
 
     total = workload.context + workload.generate + 1
     cache = StaticCache(config=hf.config, max_cache_len=total)
+    cache_kwargs = cache_argument(hf, cache)
     position = torch.zeros(1, dtype=torch.long, device="cuda")
     tokens = torch.zeros(total + 1, dtype=torch.long, device="cuda")  # tokens[p] is the token at position p
 
     def step():
-        logits = hf(input_ids=tokens[position].view(1, 1), past_key_values=cache, cache_position=position, use_cache=True).logits
+        logits = hf(input_ids=tokens[position].view(1, 1), cache_position=position, use_cache=True, **cache_kwargs).logits
         tokens[position + 1] = logits[0, -1].argmax()
         position.add_(1)
 
     def prefill(prompt: list[int]):
         cache.reset()
         ids = torch.tensor([prompt], device="cuda")
-        logits = hf(input_ids=ids, past_key_values=cache, cache_position=torch.arange(len(prompt), device="cuda"), use_cache=True).logits
+        logits = hf(input_ids=ids, cache_position=torch.arange(len(prompt), device="cuda"), use_cache=True, **cache_kwargs).logits
         tokens[len(prompt)] = logits[0, -1].argmax()
         position.fill_(len(prompt))
 

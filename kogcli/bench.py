@@ -197,30 +197,57 @@ def _print_quick(run, info: dict, bandwidth: float) -> None:
     Console().print(table)
 
 
+TABLE_COLUMNS = ("model", "weights", "context", "backend", "decode tok/s", "spread", "TTFT ms", "prefill tok/s",
+                 "p50/p99 ms", "MBU", "vs best peer")
+
+
 def _print_table(results, info: dict, bandwidth: float) -> None:
-    table = Table(title=f"kog bench · {info['device']} · read bandwidth {bandwidth:,.1f} GB/s (measured now)")
-    for column in ("model", "weights", "context", "backend", "decode tok/s", "spread", "TTFT ms", "prefill tok/s",
-                   "p50/p99 ms", "MBU", "vs best peer"):
-        table.add_column(column, justify="left" if column in ("model", "weights", "backend") else "right")
-    for run in results:
-        peers = [r for r in results if r.model == run.model and r.context == run.context and not r.backend.startswith("kog")
-                 and r.excluded is None]
-        best_peer = max((p.median("decode_tok_s") for p in peers), default=None)
-        if run.excluded:
-            table.add_row(run.model, _weights_label(run.synthetic), str(run.context), run.backend,
-                          "excluded", run.excluded[:60], "", "", "", "", "")
-            continue
-        low, high = run.spread("decode_tok_s")
-        table.add_row(
-            run.model, "synthetic" if run.synthetic else "real", str(run.context), run.backend,
-            f"{run.median('decode_tok_s'):,.1f}", f"{low:,.0f}–{high:,.0f}", f"{run.median('ttft_s') * 1e3:,.1f}",
-            f"{run.median('prefill_tok_s'):,.0f}",
-            f"{run.median('latency_p50_ms'):.2f}/{run.median('latency_p99_ms'):.2f}", f"{run.mbu(bandwidth):.0%}",
-            f"{run.median('decode_tok_s') / best_peer:.2f}x" if best_peer else "-",
-        )
-    Console().print(table)
+    """One row a run where the terminal is wide enough, else one block a run: values are never cut."""
+    title = f"kog bench · {info['device']} · read bandwidth {bandwidth:,.1f} GB/s (measured now)"
+    rows = [_table_cells(run, results, bandwidth) for run in results]
+    columns = TABLE_COLUMNS + (("excluded because",) if any(r.excluded for r in results) else ())
+    console = Console()
+    table = Table(title=title)
+    for column in columns:
+        justify = "right" if column in ("context", "decode tok/s", "spread", "TTFT ms", "prefill tok/s", "p50/p99 ms",
+                                        "MBU", "vs best peer") else "left"
+        table.add_column(column, justify=justify, no_wrap=True)
+    for cells in rows:
+        table.add_row(*(cells.get(column, "") for column in columns))
+    if console.measure(table, options=console.options.update(max_width=1 << 16)).maximum <= console.width:
+        console.print(table)
+    else:
+        console.print(title)
+        for cells in rows:
+            block = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+            block.add_column(style="bold", no_wrap=True)
+            block.add_column()
+            for column in columns:
+                if cells.get(column):
+                    block.add_row(column, cells[column])
+            console.print(block, "")
     if any(r.synthetic for r in results):
-        Console().print("synthetic = random weights at the model's real shapes (the model is not downloaded)")
+        console.print("synthetic = random weights at the model's real shapes (the model is not downloaded)")
+
+
+def _table_cells(run, results, bandwidth: float) -> dict[str, str]:
+    cells = {"model": run.model, "weights": "synthetic" if run.synthetic else "real", "context": str(run.context),
+             "backend": run.backend}
+    if run.excluded:
+        return cells | {"decode tok/s": "excluded", "excluded because": run.excluded}
+    peers = [r for r in results if r.model == run.model and r.context == run.context and not r.backend.startswith("kog")
+             and r.excluded is None]
+    best_peer = max((p.median("decode_tok_s") for p in peers), default=None)
+    low, high = run.spread("decode_tok_s")
+    return cells | {
+        "decode tok/s": f"{run.median('decode_tok_s'):,.1f}",
+        "spread": f"{low:,.0f}–{high:,.0f}",
+        "TTFT ms": f"{run.median('ttft_s') * 1e3:,.1f}",
+        "prefill tok/s": f"{run.median('prefill_tok_s'):,.0f}",
+        "p50/p99 ms": f"{run.median('latency_p50_ms'):.2f}/{run.median('latency_p99_ms'):.2f}",
+        "MBU": f"{run.mbu(bandwidth):.0%}",
+        "vs best peer": f"{run.median('decode_tok_s') / best_peer:.2f}x" if best_peer else "-",
+    }
 
 
 def _require_matplotlib() -> None:

@@ -47,8 +47,23 @@ async def wait_for(pilot, condition: Callable[[], object], timeout: float = 60.0
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; {app_state(pilot.app)}")
         await pilot.pause(0.02)
+
+
+def app_state(app) -> str:
+    """What a timed-out wait saw: enough to tell a stuck stream from a send that never started."""
+    if not isinstance(app, ChatApp):
+        return f"app {app!r}"
+    generation = app.generation
+    stats = generation.stats if generation is not None else app._last_stats
+    notes = [n.message for n in app._notifications]
+    return (
+        f"generation {'running' if generation is not None else 'none'}, stats {stats}, "
+        f"session {'open' if app.session else 'none'}, loading {app.loading!r}, focused {app.focused!r}, "
+        f"prompt {app.prompt.text!r}, errors {errors(app)}, notifications {notes}, "
+        f"messages {[m['role'] for m in app.messages]}"
+    )
 
 
 class SyntheticTokenSource(Backend):

@@ -56,6 +56,26 @@ def test_full_run_with_the_transformers_peer_and_a_plot(tmp_path, default_gguf):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("columns", [80, 250])
+def test_the_table_never_cuts_a_value(columns, monkeypatch, capsys):
+    from engine.benchmark import BackendRun, Sample
+    from kogcli.bench import _print_table
+
+    def run(backend, rate, excluded=None):
+        return BackendRun(backend=backend, model="qwen2.5-coder-1.5b-instruct", synthetic=True, context=4096, generate=8,
+                          bytes_per_token=10**9, samples=[Sample(rate, 0.1, 100.0, 1.0, 2.0)], excluded=excluded)
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    _print_table([run("kog-cuda", 1136.0), run("transformers-graph", 240.7),
+                  run("transformers-eager", 61.2, "tokens differ from transformers-graph at step 3")], {"device": "NVIDIA H200"}, 4500.0)
+    out = capsys.readouterr().out
+    assert max(map(len, out.splitlines())) <= columns
+    for value in ("qwen2.5-coder-1.5b-instruct", "transformers-graph", "1,136.0", "4.72x", "tokens differ from transformers-graph at step 3"):
+        assert value in out
+    kog_line = next(line for line in out.splitlines() if "kog-cuda" in line)
+    assert ("1,136.0" in kog_line) == (columns == 250)  # one row a run only where it fits
+
+
 def test_plot_has_a_series_per_backend_and_the_limit():
     from engine.benchmark import BackendRun, Sample
     from kogcli.bench import build_figure

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from engine.backends.cpu import CpuBackend  # noqa: E402
+from engine.benchmark import cache_argument  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
 from tests.conftest import TIE, TINY_ARCHS, TINY_VOCAB, make_tiny_model  # noqa: E402
@@ -22,11 +23,11 @@ def relative_error(ours: np.ndarray, reference: np.ndarray) -> float:
 
 def reference_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Greedy decoding through transformers' own KV cache, never stopping early."""
-    ids, past, out = torch.tensor([prompt]), None, []
+    ids, out = torch.tensor([prompt]), []
+    cache = cache_argument(model, transformers.DynamicCache())
     with torch.no_grad():
         for _ in range(n):
-            result = model(ids, past_key_values=past, use_cache=True)
-            past = result.past_key_values
+            result = model(ids, use_cache=True, **cache)
             out.append(int(result.logits[0, -1].argmax()))
             ids = torch.tensor([[out[-1]]])
     return out
