@@ -64,10 +64,12 @@ def bench_command(
     from engine.registry import Registry
 
     registry = Registry()
-    for target in targets:  # fail on a bad name, or a default model that cannot be pulled, before minutes of measuring
+    for target in targets:  # fail on a bad name, a context too long, or a default model that cannot be pulled, before minutes of measuring
         spec = registry.resolve(target or registry.default().name).spec
-        if spec is not None and spec.default:
-            fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
+        if spec is not None:
+            _check_fits(spec.name, spec.context, workloads)
+            if spec.default:
+                fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
     info = hardware.describe(device)
     if device == "cpu":
         err.print("[yellow]no GPU found: measuring the CPU backend[/yellow]" if not _gpu_present() else "measuring the CPU backend")
@@ -76,9 +78,8 @@ def bench_command(
     results = []
     for target in targets:
         loaded, synthetic = _load(target)
+        _check_fits(loaded.name, loaded.config.max_context, workloads)
         for workload in workloads:
-            if workload.context + workload.generate > loaded.config.max_context:
-                raise KogError(f"{loaded.name}: context {workload.context} + {workload.generate} tokens exceeds its {loaded.config.max_context}")
             err.print(f"{loaded.name}: {workload.context}-token context, {workload.generate} tokens x {workload.repetitions} runs ...")
             group = [benchmark.run_kog(loaded, device, workload, synthetic)]
             if peers and not quick and _transformers_present():
@@ -103,6 +104,12 @@ def bench_command(
             _plot(results, bandwidth, plot_file)
     except OSError as e:
         raise KogError(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+
+
+def _check_fits(name: str, max_context: int, workloads) -> None:
+    for workload in workloads:
+        if workload.context + workload.generate > max_context:
+            raise KogError(f"{name}: context {workload.context} + {workload.generate} tokens exceeds its {max_context}")
 
 
 def _check_writable(path: Path) -> None:

@@ -155,3 +155,11 @@ def test_a_report_that_cannot_be_written_fails_before_measuring(tmp_path):
         result = kog("bench", "--quick", "--device", "cpu", "--json", str(out))
         assert_one_line_error(result, f"cannot write {out}")
         assert "measuring" not in result.stderr
+
+
+def test_a_context_the_model_cannot_hold_fails_before_measuring():
+    # the second model's limit: not after the first model's runs
+    result = kog("bench", "--device", "cpu", "--model", "qwen2.5-coder-0.5b-instruct", "--model", "smollm2-135m-instruct",
+                 "--context", "8000", "--tokens", "300")
+    assert_one_line_error(result, "smollm2-135m-instruct: context 8000 + 300 tokens exceeds its 8192")
+    assert "measuring" not in result.stderr
