@@ -14,7 +14,7 @@ from rich.table import Table
 
 from engine.errors import KogError
 from engine.files import write_atomic
-from kogcli.common import err, user_errors
+from kogcli.common import err, print_table, user_errors
 
 QUICK_CONTEXTS, FULL_CONTEXTS = [32], [32, 1024, 4096]
 # the registry's small-to-mid models, benchmarked by a full run on a GPU
@@ -72,7 +72,10 @@ def bench_command(
                 fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
     info = hardware.describe(device)
     if device == "cpu":
-        err.print("[yellow]no GPU found: measuring the CPU backend[/yellow]" if not _gpu_present() else "measuring the CPU backend")
+        if _gpu_present():
+            err.print("measuring the CPU backend")
+        else:
+            err.print("no GPU found: measuring the CPU backend", style="yellow")
     err.print(f"measuring the read bandwidth of the {info['device']} ...")
     bandwidth = hardware.read_bandwidth_gb_s(device)
     results = []
@@ -201,40 +204,20 @@ def _print_quick(run, info: dict, bandwidth: float) -> None:
     ]
     for key, value in rows:
         table.add_row(key, value)
-    Console().print(table)
+    Console(markup=False).print(table)
 
 
 TABLE_COLUMNS = ("model", "weights", "context", "backend", "decode tok/s", "spread", "TTFT ms", "prefill tok/s",
                  "p50/p99 ms", "MBU", "vs best peer")
+NUMBER_COLUMNS = {"context", "decode tok/s", "spread", "TTFT ms", "prefill tok/s", "p50/p99 ms", "MBU", "vs best peer"}
 
 
 def _print_table(results, info: dict, bandwidth: float) -> None:
-    """One row a run where the terminal is wide enough, else one block a run: values are never cut."""
     title = f"kog bench · {info['device']} · read bandwidth {bandwidth:,.1f} GB/s (measured now)"
-    rows = [_table_cells(run, results, bandwidth) for run in results]
     columns = TABLE_COLUMNS + (("excluded because",) if any(r.excluded for r in results) else ())
-    console = Console()
-    table = Table(title=title)
-    for column in columns:
-        justify = "right" if column in ("context", "decode tok/s", "spread", "TTFT ms", "prefill tok/s", "p50/p99 ms",
-                                        "MBU", "vs best peer") else "left"
-        table.add_column(column, justify=justify, no_wrap=True)
-    for cells in rows:
-        table.add_row(*(cells.get(column, "") for column in columns))
-    if console.measure(table, options=console.options.update(max_width=1 << 16)).maximum <= console.width:
-        console.print(table)
-    else:
-        console.print(title)
-        for cells in rows:
-            block = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
-            block.add_column(style="bold", no_wrap=True)
-            block.add_column()
-            for column in columns:
-                if cells.get(column):
-                    block.add_row(column, cells[column])
-            console.print(block, "")
+    print_table(title, list(columns), [_table_cells(run, results, bandwidth) for run in results], NUMBER_COLUMNS)
     if any(r.synthetic for r in results):
-        console.print("synthetic = random weights at the model's real shapes (the model is not downloaded)")
+        Console(markup=False).print("synthetic = random weights at the model's real shapes (the model is not downloaded)")
 
 
 def _table_cells(run, results, bandwidth: float) -> dict[str, str]:

@@ -60,4 +60,4 @@ def chat_command(
                               seed=seed, max_tokens=max_tokens, resume=chat_id)
         ChatApp(options, store).run()
         if store.notice:  # also shown in the app; repeated where it outlives the screen
-            err.print(f"note: {store.notice}", markup=False, soft_wrap=True)
+            err.print(f"note: {store.notice}", soft_wrap=True)

@@ -10,10 +10,13 @@ import functools
 
 import typer
 from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from engine.errors import KogError
 
-err = Console(stderr=True, highlight=False)
+# markup off: errors and progress lines carry user text (paths, model names) that may hold brackets
+err = Console(stderr=True, highlight=False, markup=False)
 
 
 def user_errors(command):
@@ -24,13 +27,36 @@ def user_errors(command):
         try:
             return command(*args, **kwargs)
         except KogError as e:
-            err.print(f"[red]error:[/red] {e}", markup=True, soft_wrap=True)
+            err.print(Text.assemble(("error:", "red"), f" {e}"), soft_wrap=True)
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
         except MemoryError:  # a model too large for this machine's memory (or its limit)
-            err.print("[red]error:[/red] out of memory: this model does not fit here; try a smaller one", markup=True)
+            err.print(Text.assemble(("error:", "red"), " out of memory: this model does not fit here; try a smaller one"))
             raise typer.Exit(1) from None
 
     return wrapper
+
+
+def print_table(title: str, columns: list[str], rows: list[dict[str, str]], right: set[str] = frozenset()) -> None:
+    """One row an item where the terminal is wide enough, else one block an item: a value is never
+    cut (a name is what the user types next, a number what they came for). Text is not markup."""
+    console = Console(markup=False)
+    table = Table(title=title)
+    for column in columns:
+        table.add_column(column, justify="right" if column in right else "left", no_wrap=True)
+    for cells in rows:
+        table.add_row(*(cells.get(column, "") for column in columns))
+    if console.measure(table, options=console.options.update(max_width=1 << 16)).maximum <= console.width:
+        console.print(table)
+        return
+    console.print(title)
+    for cells in rows:
+        block = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
+        block.add_column(style="bold", no_wrap=True)
+        block.add_column()
+        for column in columns:
+            if cells.get(column):
+                block.add_row(column, cells[column])
+        console.print(block, "")

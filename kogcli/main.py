@@ -11,13 +11,11 @@ import sys
 from typing import Optional
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
 from engine import __version__
 from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
-from kogcli.common import err, user_errors
+from kogcli.common import err, print_table, user_errors
 
 app = typer.Typer(
     help="Run a local LLM at the decode speed your hardware allows.",
@@ -53,19 +51,14 @@ def models_command():
     from engine.registry import Registry, installed
 
     registry = Registry()
-    table = Table(title="kog models")
-    names = {spec.name: f"{spec.name} (default)" if spec.default else spec.name for spec in registry.all()}
-    for column in ("name", "params", "download", "arch", "context", "installed", "license"):
-        # a name is what the user types next: never cut, whatever the terminal's width
-        wide = {"no_wrap": True, "min_width": max(map(len, names.values()))} if column == "name" else {}
-        table.add_column(column, justify="right" if column in ("params", "download", "context") else "left", **wide)
-    for spec in registry.all():
-        name = names[spec.name]
-        table.add_row(
-            name, _count(spec.params), _bytes(spec.size), spec.arch, str(spec.context),
-            "yes" if installed(spec) else "-", spec.license,
-        )
-    Console().print(table)
+    rows = [
+        {"name": f"{spec.name} (default)" if spec.default else spec.name, "params": _count(spec.params),
+         "download": _bytes(spec.size), "arch": spec.arch, "context": str(spec.context),
+         "installed": "yes" if installed(spec) else "-", "license": spec.license}
+        for spec in registry.all()
+    ]
+    print_table("kog models", ["name", "params", "download", "arch", "context", "installed", "license"], rows,
+                {"params", "download", "context"})
 
 
 @app.command("pull")
@@ -131,11 +124,12 @@ def generate_command(
         print(json.dumps(stats.as_dict() | {"model": loaded.name, "device": session.backend.device_name}))
     else:
         err.print(
-            f"[dim]{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
+            f"{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
             f"TTFT {stats.ttft_s * 1e3:.0f} ms · prefill {stats.prefill_tok_s:.0f} tok/s "
             f"({stats.prompt_tokens} prompt, {stats.reused_tokens} reused) · "
             f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · "
-            f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}[/dim]"
+            f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}",
+            style="dim",
         )
     if stats.stop_reason == "cancelled":
         raise typer.Exit(130)

@@ -54,8 +54,16 @@ def test_models_shows_every_name_whole_in_a_narrow_terminal():
 
     result = kog("models", env={"COLUMNS": "80"})
     assert result.returncode == 0
+    assert max(map(len, result.stdout.splitlines())) <= 80
     for spec in Registry().all():
-        assert spec.name in result.stdout
+        for value in (spec.name, str(spec.context), spec.license, spec.arch):
+            assert value in result.stdout
+
+
+def test_brackets_in_a_path_are_text_not_markup(tmp_path):
+    missing = tmp_path / "models" / "[/tmp]" / "[bold]m.gguf"
+    result = kog("generate", "hi", "--model", str(missing))
+    assert_one_line_error(result, str(missing))
 
 
 def test_generate_streams_text_then_stats_as_json(default_gguf):
