@@ -52,9 +52,13 @@ def chat_command(
         raise KogError("a chat ID goes with --resume: kog chat --resume ID")
     with closing(ChatStore()) as store:
         if resume:
-            chat = store.get(chat_id) if chat_id is not None else store.latest()
+            moved_aside = f"; {store.notice}" if store.notice else ""
+            try:
+                chat = store.get(chat_id) if chat_id is not None else store.latest()
+            except KogError as e:
+                raise KogError(f"{e}{moved_aside}") from None
             if chat is None:
-                raise KogError("there is no saved chat to resume" + (f"; {store.notice}" if store.notice else ""))
+                raise KogError("there is no saved chat to resume" + moved_aside)
             chat_id = chat.id
         options = ChatOptions(model=model, device=device, context=context, system=system, temperature=temperature,
                               seed=seed, max_tokens=max_tokens, resume=chat_id)

@@ -4,6 +4,7 @@ token stream (a test double, see chat_helpers) where the UI itself is under test
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 from chat_helpers import (
@@ -22,9 +23,12 @@ from chat_helpers import (
     wait_reply,
 )
 
+from textual.widgets import Static
+
 from tui.screens.chats import ChatList
 from tui.screens.code import CodeView
 from tui.store import ChatStore
+from tui.widgets.conversation import MessageView
 from tui.widgets.prompt import PromptInput
 
 # Markdown with prose, a list and a code block, so the streamed view re-parses every kind of block.
@@ -342,3 +346,44 @@ def test_quitting_mid_reply_keeps_the_partial_reply(default_gguf, tmp_path):
     saved = ChatStore(db).messages(chat_id)
     assert [m.role for m in saved] == ["user", "assistant"]
     assert saved[1].stats["stop_reason"] == "cancelled" and STREAM_TEXT.startswith(saved[1].content[:20])
+
+
+def test_a_message_sent_while_another_model_loads_waits_for_it(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    ids = reply_ids(model, "Hello there.")
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, ids, 1000.0))
+    release, opened = threading.Event(), []
+
+    def slow_second_load(*args):
+        if opened:
+            release.wait(30)
+        opened.append(args[0])
+        return opener(*args)
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", slow_second_load)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "Hi.")
+            await wait_reply(pilot, app)
+            await send(pilot, app, "/model another-model")
+            await wait_for(pilot, lambda: app.loading, 10, "the load to start")
+            await send(pilot, app, "Still there?")  # the old model is about to be closed: not now
+            await pilot.pause(0.1)
+            notes = [n.message for n in app._notifications]
+            assert app.generation is None and "the model is still loading (another-model)" in notes
+            assert app.prompt.text == "Still there?" and len(app.messages) == 2
+            release.set()
+            await wait_for(pilot, lambda: not app.loading, 10, "the load to end")
+            await send(pilot, app, "Still there?")
+            await wait_reply(pilot, app)
+            assert [m["role"] for m in app.messages] == ["user", "assistant"] * 2  # the history kept
+
+            await send(pilot, app, "/system Stop after [/INST]")  # user text in a notice is text, not markup
+            await wait_for(pilot, lambda: app.system == "Stop after [/INST]", 10, "the system message")
+            await send(pilot, app, "Code:\n    x = <div>")
+            await wait_reply(pilot, app)
+            shown = str(app.conversation.query(MessageView).filter(".-user").last().query(Static).last().render())
+            assert shown == "Code:\n    x = <div>"  # as typed: lines, indentation and tags kept
+
+    run(scenario())

@@ -121,6 +121,29 @@ def test_export_writes_markdown_atomically_and_never_overwrites(tmp_path):
     assert path.read_text() == "the user's own notes"
     with pytest.raises(KogError, match="no such directory"):
         write_new(tmp_path / "missing" / "chat.md", text)
+    with pytest.raises(KogError, match="cannot write .*File name too long"):  # a check that cannot even stat it
+        write_new(tmp_path / ("a" * 300 + ".md"), text)
+
+
+def test_a_history_another_program_locks_is_an_error_not_a_crash(tmp_path):
+    db = tmp_path / "chats.db"
+    store = ChatStore(db)
+    chat = store.create("m", None)
+    store.add_message(chat, "user", "hi")
+    store._db.execute("PRAGMA busy_timeout = 100")  # not the 5 s a user would wait
+    other = sqlite3.connect(db, isolation_level=None)
+    other.execute("BEGIN EXCLUSIVE")
+    try:
+        for read in (lambda: store.get(chat), store.conversations, lambda: store.messages(chat)):
+            with pytest.raises(KogError, match="could not read the chat history .*locked"):
+                read()
+    finally:
+        other.execute("ROLLBACK")
+        other.close()
+    assert store.messages(chat)[0].content == "hi"
+    with pytest.raises(KogError, match="no chat with id 99999999999999999999999"):
+        store.get(99999999999999999999999)
+    store.close()
 
 
 def test_slash_commands():

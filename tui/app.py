@@ -216,9 +216,10 @@ class ChatApp(App):
         if self.generation is not None:
             self.notify("a reply is still coming: wait, or stop it with Esc", severity="warning")
             return
-        if self.session is None:
+        if self.loading or self.session is None:
+            # while another model loads, the reply would come from the one about to be closed
             why = f"the model is still loading ({self.loading})" if self.loading else "no model is loaded: /model NAME"
-            self.notify(why, severity="warning")
+            self.notify(why, severity="warning", markup=False)
             return
         self.session.system = self.system
         self.session.set_messages(self.messages)
@@ -390,7 +391,7 @@ class ChatApp(App):
         self.system = arg or None
         if self.chat_id is not None:
             await self._save(lambda: self.store.update(self.chat_id, system=arg))
-        self.notify(f"system message: {arg}" if arg else "system message cleared")
+        self.notify(f"system message: {arg}" if arg else "system message cleared", markup=False)
 
     async def _command_temp(self, arg: str) -> None:
         self.params = replace(self.params, temperature=commands.temperature(arg))
@@ -408,7 +409,7 @@ class ChatApp(App):
         title = self.store.get(self.chat_id).title if self.chat_id is not None else ""
         model = self.session.model.name if self.session else ""
         path = write_new(Path(arg), to_markdown(title, model, self.system, self.messages))
-        self.notify(f"exported to {path}")
+        self.notify(f"exported to {path}", markup=False)
 
     async def _command_copy(self, arg: str) -> None:
         self.action_copy_code()

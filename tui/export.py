@@ -21,11 +21,11 @@ def to_markdown(title: str, model: str, system: str | None, messages: list[dict]
 def write_new(path: Path, text: str) -> Path:
     """Write `text` to `path`, which must not exist yet; a crash leaves either nothing or all of it."""
     path = path.expanduser()
-    if path.exists():
-        raise KogError(f"{path} already exists; export to a new name (nothing was overwritten)")
-    if not path.parent.is_dir():
-        raise KogError(f"no such directory: {path.parent}")
     try:
+        if path.exists():
+            raise KogError(f"{path} already exists; export to a new name (nothing was overwritten)")
+        if not path.parent.is_dir():
+            raise KogError(f"no such directory: {path.parent}")
         write_atomic(path, text.encode("utf-8"), overwrite=False)
     except FileExistsError:
         raise KogError(f"{path} already exists; export to a new name (nothing was overwritten)") from None

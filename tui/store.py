@@ -169,8 +169,19 @@ class ChatStore:
         with self._writing() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
 
+    @contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        try:
+            yield self._db
+        except sqlite3.Error as e:  # locked by another program, or damaged since it was opened
+            raise KogError(f"could not read the chat history {self.path}: {e}") from None
+
     def get(self, conversation_id: int) -> Conversation:
-        row = self._db.execute(_SELECT + "WHERE c.id = ? GROUP BY c.id", (conversation_id,)).fetchone()
+        with self._reading() as db:
+            try:
+                row = db.execute(_SELECT + "WHERE c.id = ? GROUP BY c.id", (conversation_id,)).fetchone()
+            except OverflowError:  # an id wider than SQLite's integers names no chat
+                row = None
         if row is None:
             raise KogError(f"no chat with id {conversation_id} in {self.path}")
         return Conversation(*row)
@@ -181,13 +192,15 @@ class ChatStore:
 
     def conversations(self) -> list[Conversation]:
         """Most recently updated first; chats that never got a message are left out."""
-        rows = self._db.execute(_SELECT + "GROUP BY c.id HAVING COUNT(m.id) > 0 ORDER BY c.updated DESC, c.id DESC")
+        with self._reading() as db:
+            rows = db.execute(_SELECT + "GROUP BY c.id HAVING COUNT(m.id) > 0 ORDER BY c.updated DESC, c.id DESC").fetchall()
         return [Conversation(*row) for row in rows]
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute(
-            "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
-        ).fetchall()
+        with self._reading() as db:
+            rows = db.execute(
+                "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
+            ).fetchall()
         return [StoredMessage(role, content, json.loads(stats) if stats else None) for role, content, stats in rows]
 
 

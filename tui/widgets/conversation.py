@@ -1,4 +1,4 @@
-"""The scrolling conversation: each message rendered as Markdown, the reply in flight streamed.
+"""The scrolling conversation: replies rendered as Markdown (the user's messages as typed), the reply in flight streamed.
 
 Messages are Rich Markdown in plain Static widgets (code blocks syntax-highlighted): one widget
 per message keeps layout cheap however long the chat grows. A streaming reply is split into
@@ -54,7 +54,10 @@ class MessageView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Label(ROLE_TITLES.get(self.role, self.role))
-        yield Static(markdown(self.text), classes="tail")
+        if self.role == "user":  # as typed: pasted code keeps its lines and indentation, <tags> stay
+            yield Static(self.text, markup=False)
+        else:
+            yield Static(markdown(self.text), classes="tail")
 
 
 class ReplyView(MessageView):
