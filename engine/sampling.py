@@ -18,9 +18,12 @@ from engine.errors import KogError
 _MASK64 = (1 << 64) - 1
 
 
+MIN_TEMPERATURE = 1e-6  # temperatures below it decode greedily
+
+
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy
+    temperature: float = 0.0  # 0 (or below MIN_TEMPERATURE) means greedy
     top_k: int = 0  # 0 disables
     top_p: float = 1.0
     min_p: float = 0.0
@@ -41,7 +44,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below MIN_TEMPERATURE the fp32 logits / temperature overflow (or the float is 0), and
+        # sampling could differ from greedy only between logits within ~1e-6 of each other.
+        return self.temperature < MIN_TEMPERATURE
 
 
 def _mix64(x: int) -> int:

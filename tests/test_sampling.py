@@ -26,6 +26,14 @@ def test_greedy_is_argmax(seed):
     assert sample(logits, SamplingParams(), np.array([], dtype=np.int64), 0) == int(np.argmax(logits))
 
 
+@pytest.mark.parametrize("temperature", [1e-50, 1e-39, 1e-7])
+def test_temperatures_too_small_for_fp32_are_greedy(temperature, seed):
+    logits = random_logits(seed)
+    params = SamplingParams(temperature=temperature, seed=seed)
+    assert params.greedy
+    assert {sample(logits, params, np.array([]), step) for step in range(20)} == {int(np.argmax(logits))}
+
+
 def test_same_seed_same_tokens(seed):
     # Flat logits: at a scale of 3 one token can hold more than top_p's mass, and
     # then every seed samples it, so two seeds' draws would agree by design.

@@ -146,3 +146,24 @@ def test_a_cancel_during_prefill_stops_the_generation(tiny):
     assert generation.stats.stop_reason == "cancelled"
     session.backend.prefill = real_prefill
     assert len(run(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4
+
+
+def test_a_cancel_stops_a_long_prefill_within_a_chunk(tiny):
+    session = open_session(tiny, device="cpu", context=1024)
+    generation = session.complete([3 + i % 300 for i in range(900)], max_tokens=5, stop_at_eos=False)
+    events = iter(generation)
+    backend, real_forward, chunks = session.backend, session.backend._forward, []
+
+    def forward_then_cancel(tokens):
+        chunks.append(len(tokens))
+        if len(chunks) == 2:
+            generation.cancel()  # Esc while the second chunk of the prompt is read
+        return real_forward(tokens)
+
+    backend._forward = forward_then_cancel
+    assert list(events) == [] and generation.stats.stop_reason == "cancelled"
+    assert len(chunks) == 2 and backend.cached_tokens == sum(chunks)
+    backend._forward = real_forward
+    # what was read stays cached, and the next turn goes on from it
+    again = session.complete([3 + i % 300 for i in range(900)], max_tokens=3, stop_at_eos=False)
+    assert len(run(again)) == 3 and again.stats.reused_tokens == sum(chunks)
