@@ -74,33 +74,32 @@ class ModelConfig:
                 f"unsupported architecture {names[0] if names else 'unknown'!r} "
                 f"(kog runs: {', '.join(sorted(set(ARCH_FAMILIES) - set(ARCH_FAMILIES.values())))})"
             )
-        if arch == "qwen2" and cfg.get("use_sliding_window"):
-            raise KogError("Qwen2 sliding-window attention is not supported")
-        context = cfg.get("max_position_embeddings", 2048)
+        _check_supported(cfg, arch)
+        context = _positive_int(cfg, "max_position_embeddings", 2048)
         if cfg.get("sliding_window") and arch == "llama":
             # Mistral-style: within one window, windowed attention is full attention
-            context = min(context, cfg["sliding_window"])
-        heads = cfg["num_attention_heads"]
+            context = min(context, _positive_int(cfg, "sliding_window"))
+        heads = _positive_int(cfg, "num_attention_heads")
         eos = cfg.get("eos_token_id")
         # older configs: rope_theta + rope_scaling; newer ones fold both into rope_parameters
         rope_params = cfg.get("rope_parameters") or {}
-        scaling = cfg.get("rope_scaling") or rope_params
-        if scaling.get("rope_type", scaling.get("type", "default")) == "default":
-            scaling = None
+        if not isinstance(rope_params, dict):
+            raise KogError(f"rope_parameters must be an object, got {rope_params!r}")
+        scaling = _rope_scaling(cfg.get("rope_scaling") or rope_params)
         return cls(
             arch=arch,
-            vocab_size=cfg["vocab_size"],
-            hidden_size=cfg["hidden_size"],
-            intermediate_size=cfg["intermediate_size"],
-            num_layers=cfg["num_hidden_layers"],
+            vocab_size=_positive_int(cfg, "vocab_size"),
+            hidden_size=_positive_int(cfg, "hidden_size"),
+            intermediate_size=_positive_int(cfg, "intermediate_size"),
+            num_layers=_positive_int(cfg, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            num_kv_heads=_positive_int(cfg, "num_key_value_heads", heads),
+            head_dim=_positive_int(cfg, "head_dim", _positive_int(cfg, "hidden_size") // heads),
             rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
             rope_theta=rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
             max_context=context,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            rope_scaling={k: v for k, v in scaling.items() if k != "rope_theta"} if scaling else None,
+            rope_scaling=scaling,
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=list(eos) if isinstance(eos, list) else ([eos] if eos is not None else []),
         )
@@ -112,7 +111,7 @@ class ModelConfig:
             if not isinstance(fields, dict):
                 raise TypeError(f"a JSON {type(fields).__name__}, not an object")
             return cls.from_hf(fields)
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
             raise KogError(f"corrupt model config {path}: {type(e).__name__}: {e}") from None
     def to_hf(self) -> dict:
         """The config.json a Hugging Face model of this shape would carry."""
@@ -139,3 +138,47 @@ class ModelConfig:
             "torch_dtype": "float32",
         }
         return cfg
+
+
+# The keys each rope scaling kind kog implements needs (engine/rope.py).
+ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
+
+
+def _check_supported(cfg: dict, arch: str) -> None:
+    """Refuse the config switches of a family that kog's forward pass does not implement: loading
+    such a model anyway would give fluent-looking wrong text."""
+    if cfg.get("use_sliding_window"):
+        raise KogError(f"{arch} sliding-window attention is not supported")
+    activation = cfg.get("hidden_act", "silu")
+    if activation not in ("silu", "swish"):
+        raise KogError(f"activation {activation!r} is not supported (kog runs SiLU-gated MLPs)")
+    if cfg.get("mlp_bias"):
+        raise KogError("MLP biases are not supported")
+    if cfg.get("attention_bias") and arch != "qwen2":  # Qwen2's own q/k/v biases are
+        raise KogError(f"attention biases are not supported for {arch}")
+
+
+def _positive_int(cfg: dict, key: str, default: int | None = None) -> int:
+    value = cfg.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise KogError(f"config field {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _rope_scaling(scaling) -> dict | None:
+    if not isinstance(scaling, dict):
+        raise KogError(f"rope_scaling must be an object, got {scaling!r}")
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return None
+    if kind not in ROPE_SCALING_KEYS:
+        raise KogError(f"unsupported rope scaling type {kind!r} (kog runs {', '.join(ROPE_SCALING_KEYS)})")
+    missing = [k for k in ROPE_SCALING_KEYS[kind] if isinstance(scaling.get(k), bool) or not isinstance(scaling.get(k), (int, float))]
+    if missing:
+        raise KogError(f"rope scaling {kind!r} needs the numbers {', '.join(missing)}")
+    return {k: v for k, v in scaling.items() if k != "rope_theta"}

@@ -206,6 +206,6 @@ def _parse(path: Path, name: str, entry: object) -> ModelSpec:
     spec = ModelSpec(name=name, **entry)
     try:
         spec.model_config()
-    except (KeyError, TypeError) as e:
+    except (KeyError, TypeError, KogError) as e:
         raise bad(f"shape lacks or mistypes {e}") from None
     return spec

@@ -47,9 +47,10 @@ def test_truncated_weights(tiny_dir):
         load_model(tiny_dir)
 
 
-def test_corrupt_weights_header(tiny_dir):
+@pytest.mark.parametrize("header", [None, b"[1, 2]", b'{"w": {"dtype": "F32", "shape": [2]}}', b'{"w": [1]}'])
+def test_corrupt_weights_header(tiny_dir, header):
     path = tiny_dir / "model.safetensors"
-    path.write_bytes(b"\xff" * 64)
+    path.write_bytes(b"\xff" * 64 if header is None else len(header).to_bytes(8, "little") + header + bytes(8))
     with pytest.raises(KogError, match="corrupt weights file"):
         load_model(tiny_dir)
 
@@ -77,6 +78,47 @@ def test_unknown_architecture(tiny_dir):
 def test_corrupt_config(tiny_dir, text):
     (tiny_dir / "config.json").write_text(text)
     with pytest.raises(KogError, match="corrupt model config"):
+        load_model(tiny_dir)
+
+
+@pytest.mark.parametrize("arch, overrides, message", [
+    ("llama", {"attention_bias": True}, "attention biases are not supported for llama"),
+    ("llama", {"mlp_bias": True}, "MLP biases are not supported"),
+    ("qwen3", {"attention_bias": True}, "attention biases are not supported for qwen3"),
+    ("llama", {"hidden_act": "gelu"}, "activation 'gelu' is not supported"),
+    ("qwen3", {"use_sliding_window": True, "sliding_window": 16}, "qwen3 sliding-window attention is not supported"),
+])
+def test_a_variant_kog_does_not_run_is_refused(tmp_path, seed, arch, overrides, message):
+    """transformers builds and saves these models; kog would read them and write wrong text."""
+    make_tiny_model(tmp_path / "m", arch, seed, **overrides)
+    with pytest.raises(KogError, match=message):
+        load_model(tmp_path / "m")
+
+
+def test_a_tensor_nothing_reads_is_refused(tiny_dir):
+    """A variant the config does not name (here an O projection bias) shows in its weights."""
+    from safetensors.numpy import load_file, save_file
+
+    path = tiny_dir / "model.safetensors"
+    tensors = load_file(path)
+    tensors["model.layers.0.self_attn.o_proj.bias"] = np.zeros(32, dtype=np.float32)
+    save_file(tensors, path)
+    with pytest.raises(KogError, match="hold model.layers.0.self_attn.o_proj.bias, which kog's qwen2 does not run"):
+        load_model(tiny_dir)
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"rope_scaling": "linear"}, "rope_scaling must be an object"),
+    ({"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "rope scaling 'llama3' needs the numbers low_freq_factor"),
+    ({"rope_scaling": None, "rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "'linear' needs the numbers factor"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope scaling type 'yarn'"),
+    ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive integer, got 0"),
+    ({"num_hidden_layers": "2"}, "num_hidden_layers must be a positive integer, got '2'"),
+])
+def test_a_malformed_config_field_is_one_clear_error(tiny_dir, fields, message):
+    config = json.loads((tiny_dir / "config.json").read_text()) | fields
+    (tiny_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(KogError, match=message):
         load_model(tiny_dir)
 
 

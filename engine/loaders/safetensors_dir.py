@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import re
 import struct
 from pathlib import Path
 
@@ -46,6 +47,8 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
             if header_len > size - 8:
                 raise ValueError("header runs past the end of the file")
             header = json.loads(f.read(header_len))
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
             buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError:
         raise KogError(f"missing weights file {path}") from None
@@ -56,14 +59,17 @@ def read_safetensors(path: Path) -> dict[str, np.ndarray]:
     for name, info in header.items():
         if name == "__metadata__":
             continue
-        dtype = _DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            raise KogError(f"unsupported tensor dtype {info.get('dtype')} for {name} in {path}")
-        start, end = info["data_offsets"]
-        count = int(np.prod(info["shape"], dtype=np.int64))
-        if base + end > size or end - start != count * np.dtype(dtype).itemsize:
-            raise KogError(f"truncated or corrupt weights file {path} (tensor {name})")
-        array = np.frombuffer(buf, dtype=dtype, count=count, offset=base + start).reshape(info["shape"])
+        try:
+            dtype = _DTYPES.get(info.get("dtype"))
+            if dtype is None:
+                raise KogError(f"unsupported tensor dtype {info.get('dtype')} for {name} in {path}")
+            start, end = info["data_offsets"]
+            count = int(np.prod(info["shape"], dtype=np.int64))
+            if not 0 <= start <= end or base + end > size or end - start != count * np.dtype(dtype).itemsize:
+                raise ValueError
+            array = np.frombuffer(buf, dtype=dtype, count=count, offset=base + start).reshape(info["shape"])
+        except (AttributeError, KeyError, TypeError, ValueError):  # an entry without its fields, or lying about them
+            raise KogError(f"truncated or corrupt weights file {path} (tensor {name})") from None
         if info["dtype"] == "BF16":
             array = (array.astype(np.uint32) << 16).view(np.float32)
         tensors[name] = array
@@ -116,10 +122,20 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+# Tensors a model may carry that the forward pass has no use for: RoPE tables it recomputes.
+UNREAD_TENSORS = re.compile(r"(.*\.rotary_emb\.inv_freq|rope_freqs\.weight)$")
+
+
 def check_weights(config: ModelConfig, weights: dict[str, np.ndarray], source) -> None:
-    """Every tensor the forward pass reads is present with the shape the config implies."""
-    for key, shape in expected_shapes(config).items():
+    """Every tensor the forward pass reads is present with the shape the config implies, and
+    no other: a tensor nothing reads (a bias, an extra norm) means a variant kog does not run."""
+    expected = expected_shapes(config)
+    for key, shape in expected.items():
         if key not in weights:
             raise KogError(f"weights in {source} lack {key}; incomplete or not a {config.arch} model")
         if tuple(weights[key].shape) != shape:
             raise KogError(f"{key} in {source} has shape {tuple(weights[key].shape)}, expected {shape}")
+    unread = sorted(key for key in weights if key not in expected and not UNREAD_TENSORS.match(key))
+    if unread:
+        more = f" (and {len(unread) - 1} more)" if len(unread) > 1 else ""
+        raise KogError(f"weights in {source} hold {unread[0]}{more}, which kog's {config.arch} does not run")
