@@ -7,6 +7,7 @@ which takes well under a second instead of dequantizing every time.
 
 from __future__ import annotations
 
+import glob
 import json
 import shutil
 import tempfile
@@ -24,7 +25,7 @@ def load_model(path: Path, name: str | None = None) -> LoadedModel:
     path = Path(path)
     if path.is_dir():
         return load_dir(path, name)
-    if path.suffix == ".gguf":
+    if path.suffix.lower() == ".gguf":
         model = load_dir(converted_dir(path), name or path.stem)
         model.source = str(path)
         return model
@@ -33,15 +34,24 @@ def load_model(path: Path, name: str | None = None) -> LoadedModel:
     raise KogError(f"{path} is neither a Hugging Face model directory nor a .gguf file")
 
 
+# Bumped whenever a conversion's output changes (2: end-of-turn ids and rope scaling kept), so
+# copies made by an older kog are made again.
+CONVERSION_VERSION = 2
+
+
 def converted_dir(gguf_path: Path) -> Path:
     """The cached conversion of `gguf_path`, made now if missing or stale."""
     try:
         stat = gguf_path.stat()
     except FileNotFoundError:
         raise KogError(f"missing model file {gguf_path}") from None
-    target = cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    source = f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    target = cache_dir() / "converted" / f"{source}-v{CONVERSION_VERSION}"
     if not target.exists():  # conversions are renamed into place whole, so presence means complete
         convert_gguf(gguf_path, target)
+        for stale in target.parent.glob(f"{glob.escape(source)}*"):  # an older converter's copy of this file
+            if stale != target and stale.is_dir():
+                shutil.rmtree(stale, ignore_errors=True)
     return target
 
 

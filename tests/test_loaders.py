@@ -122,8 +122,12 @@ def test_a_malformed_config_field_is_one_clear_error(tiny_dir, fields, message):
         load_model(tiny_dir)
 
 
-def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32, heads=True):
+def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32, heads=True, strings=(), numbers=()):
     writer = gguf.GGUFWriter(str(path), arch)
+    for key, value in dict(strings).items():
+        writer.add_string(key, value)
+    for key, value in dict(numbers).items():
+        (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     writer.add_block_count(1)
     writer.add_embedding_length(32)
     if heads:
@@ -153,6 +157,48 @@ def test_gguf_without_its_head_count(tmp_path, monkeypatch):
     write_gguf(tmp_path / "m.gguf", heads=False)
     with pytest.raises(KogError, match="lacks a valid llama.attention.head_count"):
         load_model(tmp_path / "m.gguf")
+
+
+def test_gguf_rope_scaling_and_end_of_turn_ids_are_read(tmp_path):
+    from engine.loaders.gguf_file import open_reader, read_config
+
+    write_gguf(tmp_path / "m.gguf", strings={"llama.rope.scaling.type": "linear"},
+               numbers={"llama.rope.scaling.factor": 4.0, "llama.vocab_size": 16, "tokenizer.ggml.eos_token_id": 2,
+                        "tokenizer.ggml.eot_token_id": 7, "tokenizer.ggml.eom_token_id": 2})
+    config = read_config(open_reader(tmp_path / "m.gguf"), tmp_path / "m.gguf")
+    assert config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    assert config.eos_token_ids == [2, 7]  # kept through the converted copy's config.json
+    assert ModelConfig.from_hf(config.to_hf()).eos_token_ids == [2, 7]
+    write_gguf(tmp_path / "y.gguf", strings={"llama.rope.scaling.type": "yarn"}, numbers={"llama.rope.scaling.factor": 4.0})
+    with pytest.raises(KogError, match="unsupported rope scaling type 'yarn'"):
+        load_model(tmp_path / "y.gguf")
+
+
+def test_a_conversion_by_an_older_kog_is_replaced(tmp_path, monkeypatch):
+    import engine.loader
+    from engine.loader import converted_dir
+
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(engine.loader, "convert_gguf", lambda source, target: target.mkdir())  # the cache's bookkeeping only
+    path = tmp_path / "M.GGUF"  # the suffix in any case
+    write_gguf(path)
+    stat = path.stat()
+    converted = tmp_path / "home" / "cache" / "converted"
+    older = converted / f"M-{stat.st_size}-{stat.st_mtime_ns}"  # the first converter named no version
+    other_file = converted / f"M-{stat.st_size + 1}-{stat.st_mtime_ns}-v2"
+    older.mkdir(parents=True)
+    other_file.mkdir()
+    target = converted_dir(path)
+    assert target.exists() and target != older
+    assert sorted(p.name for p in converted.iterdir()) == sorted([target.name, other_file.name])
+
+
+def test_generation_config_end_ids_stop_generation_too(tiny_dir):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    (tiny_dir / "generation_config.json").write_text(json.dumps({"eos_token_id": [config["eos_token_id"], 5, 6]}))
+    assert {5, 6} <= load_model(tiny_dir).stop_ids
+    (tiny_dir / "generation_config.json").write_text("[not json")  # unreadable: config.json's ids stand
+    assert 5 not in load_model(tiny_dir).stop_ids
 
 
 def test_gguf_unsupported_tensor_type(tmp_path, monkeypatch):

@@ -73,7 +73,8 @@ def read_config(reader, path: Path) -> ModelConfig:
     hidden = _required(reader, f"{arch}.embedding_length", path)
     names = {t.name for t in reader.tensors}
     vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
-    eos = _field(reader, "tokenizer.ggml.eos_token_id")
+    # end of sequence, end of turn, end of message: the converted copy keeps them all as eos ids
+    stops = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
     return ModelConfig(
         arch=arch,
         vocab_size=vocab,
@@ -88,8 +89,22 @@ def read_config(reader, path: Path) -> ModelConfig:
         max_context=_field(reader, f"{arch}.context_length", 2048),
         tie_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=[eos] if eos is not None else [],
+        eos_token_ids=list(dict.fromkeys(i for i in stops if i is not None)),
+        rope_scaling=_rope_scaling(reader, arch, path),
     )
+
+
+def _rope_scaling(reader, arch: str, path: Path) -> dict | None:
+    """Linear scaling from the GGUF's keys; Llama 3's comes as the rope_freqs tensor instead."""
+    kind = _field(reader, f"{arch}.rope.scaling.type", "none")
+    if kind == "none":
+        return None
+    factor = _field(reader, f"{arch}.rope.scaling.factor")
+    if kind != "linear":
+        raise KogError(f"unsupported rope scaling type {kind!r} in {path} (kog runs linear)")
+    if not isinstance(factor, (int, float)) or factor <= 0:
+        raise KogError(f"{path} lacks a valid {arch}.rope.scaling.factor ({factor!r})")
+    return {"rope_type": "linear", "factor": float(factor)}
 
 
 def _hf_name(name: str) -> str | None:

@@ -81,6 +81,7 @@ def load_dir(directory: Path, name: str | None = None) -> LoadedModel:
     if not config_file.exists():
         raise KogError(f"{directory} has no config.json; not a Hugging Face model directory")
     config = ModelConfig.from_file(config_file)
+    config.eos_token_ids = list(dict.fromkeys(config.eos_token_ids + _generation_eos_ids(directory)))
     weights: dict[str, np.ndarray] = {}
     for f in weight_files(directory):
         weights.update(read_safetensors(f))
@@ -94,6 +95,16 @@ def load_dir(directory: Path, name: str | None = None) -> LoadedModel:
         tokenizer=Tokenizer.from_dir(directory),
         source=str(directory),
     )
+
+
+def _generation_eos_ids(directory: Path) -> list[int]:
+    """The end ids generation_config.json adds (instruct models often list end-of-turn there only)."""
+    try:
+        eos = json.loads((directory / "generation_config.json").read_text()).get("eos_token_id")
+    except (OSError, ValueError, AttributeError):  # absent or unreadable: config.json's ids stand
+        return []
+    ids = eos if isinstance(eos, list) else [eos]
+    return [i for i in ids if isinstance(i, int) and not isinstance(i, bool)]
 
 
 def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
