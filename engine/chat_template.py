@@ -2,8 +2,8 @@
 
 Templates come from model files, so they are untrusted code: they run in Jinja's immutable
 sandbox. The environment mirrors the one transformers gives templates (the de facto standard
-the templates are written against): trim_blocks, lstrip_blocks, loop controls, plus the
-helpers `raise_exception`, `strftime_now` and a `tojson` that keeps non-ASCII text and key order.
+the templates are written against): trim_blocks, lstrip_blocks, loop controls, the
+`generation` block, plus the helpers `raise_exception`, `strftime_now` and a `tojson` that keeps non-ASCII text and key order.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import jinja2
 import jinja2.ext
+import jinja2.nodes
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.errors import KogError
@@ -32,8 +33,21 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _GenerationBlock(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks the assistant's tokens for training masks;
+    for a prompt it renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.Scope(body).set_lineno(lineno)
+
+
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now

@@ -94,6 +94,14 @@ LOOPS = """{%- set ns = namespace(users=0) %}
     {%- if enable_thinking is defined and not enable_thinking %} <think></think>{% endif %}
 {%- endif %}"""
 
+# transformers' training-mask marker around the assistant's turns (TRL-style templates)
+GENERATION = """{%- for message in messages %}
+<|{{ message.role }}|>
+{%- if message.role == 'assistant' %}{% generation %}{{ message.content }}<|end|>{% endgeneration %}
+{%- else %}{{ message.content }}<|end|>{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|assistant|>{% endif %}"""
+
 MESSAGES = {
     "user": [{"role": "user", "content": "Hello!"}],
     "system": [{"role": "system", "content": "  Be brief.  "}, {"role": "user", "content": "Hi"}],
@@ -139,7 +147,7 @@ TOOLS = [
 ]
 
 
-CASES = [(t, m) for t in ("CHATML", "HEADERS", "LOOPS") for m in MESSAGES if (t, m) != ("CHATML", "tool_call")]
+CASES = [(t, m) for t in ("CHATML", "HEADERS", "LOOPS", "GENERATION") for m in MESSAGES if (t, m) != ("CHATML", "tool_call")]
 
 
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
