@@ -26,7 +26,10 @@ def load(target: str | None = None, progress: bool = True) -> LoadedModel:
         fetch(resolved.spec, progress=progress)
     elif resolved.spec is None and not resolved.path.exists():
         raise KogError(f"{target} is not downloaded; run: kog pull {target}")
-    return load_model(resolved.path, resolved.name)
+    model = load_model(resolved.path, resolved.name)
+    if resolved.spec is not None:
+        model.target = resolved.name
+    return model
 
 
 def check_context(context: int | None) -> None:

@@ -27,7 +27,7 @@ def load_model(path: Path, name: str | None = None) -> LoadedModel:
         return load_dir(path, name)
     if path.suffix.lower() == ".gguf":
         model = load_dir(converted_dir(path), name or path.stem)
-        model.source = str(path)
+        model.source = model.target = str(path)
         return model
     if not path.exists():
         raise KogError(f"no model at {path}")

@@ -29,6 +29,10 @@ class LoadedModel:
     weights: dict[str, np.ndarray]
     tokenizer: "Tokenizer"
     source: str  # the path it was loaded from
+    target: str = ""  # what engine.api.load takes to load it again: its registry name, else `source`
+
+    def __post_init__(self):
+        self.target = self.target or self.source
 
     def lm_head(self) -> np.ndarray:
         return self.weights.get("lm_head.weight", self.weights["model.embed_tokens.weight"])

@@ -257,8 +257,10 @@ def test_slash_commands_end_to_end(default_gguf, tmp_path, monkeypatch):
             await wait_for(pilot, lambda: errors(app), 10, "an error line")
             assert "already exists" in errors(app)[-1]
 
+            assert app.status.info.context_tokens > 0
             await send(pilot, app, "/new")
             await wait_for(pilot, lambda: not shown_messages(app), 10, "an empty chat")
+            await wait_for(pilot, lambda: app.status.info.context_tokens == 0, 10, "an empty context shown")
             await send(pilot, app, "/system Answer in French.")
             await send(pilot, app, "Again.")
             await wait_reply(pilot, app)
@@ -271,10 +273,14 @@ def test_slash_commands_end_to_end(default_gguf, tmp_path, monkeypatch):
             await pilot.press("down", "enter")
             await wait_for(pilot, lambda: app.chat_id == first_chat, 10, "the first chat")
             assert shown_messages(app)[0] == ("user", "Print hi in Python.") and app.system == "Be brief."
+            conversation = [{"role": "system", "content": "Be brief."}] + app.messages
+            size = len(app.session.model.tokenizer.encode_chat(conversation, add_generation_prompt=False))
+            await wait_for(pilot, lambda: app.status.info.context_tokens == size, 10, "the opened chat's size")
 
             await send(pilot, app, "/clear")
             await wait_for(pilot, lambda: not shown_messages(app), 10, "the chat to clear")
             assert app.messages == [] and app.store.messages(first_chat) == []
+            await wait_for(pilot, lambda: app.status.info.context_tokens == 0, 10, "an empty context shown")
 
     run(scenario())
 
@@ -375,6 +381,7 @@ def test_a_message_sent_while_another_model_loads_waits_for_it(default_gguf, tmp
             assert app.prompt.text == "Still there?" and len(app.messages) == 2
             release.set()
             await wait_for(pilot, lambda: not app.loading, 10, "the load to end")
+            assert app._last_stats is None  # the last model's rates are not shown beside the new one's name
             await send(pilot, app, "Still there?")
             await wait_reply(pilot, app)
             assert [m["role"] for m in app.messages] == ["user", "assistant"] * 2  # the history kept
@@ -387,3 +394,28 @@ def test_a_message_sent_while_another_model_loads_waits_for_it(default_gguf, tmp
             assert shown == "Code:\n    x = <div>"  # as typed: lines, indentation and tags kept
 
     run(scenario())
+
+
+def test_a_chat_with_a_model_from_a_path_resumes_with_it(default_gguf, tmp_path):
+    model = loaded(default_gguf)  # loaded by path: no registry name to find it by
+    ids = reply_ids(model, "Hello there.")
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, ids, 1000.0))
+    targets = []
+
+    def recording(*args):
+        targets.append(args[0])
+        return opener(*args)
+
+    async def chat(**options):
+        app = chat_app(tmp_path / "chats.db", recording, **options)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            if "resume" not in options:
+                await send(pilot, app, "Hi.")
+                await wait_reply(pilot, app)
+            return app.chat_id
+
+    chat_id = run(chat())
+    assert ChatStore(tmp_path / "chats.db").get(chat_id).model == model.target == str(default_gguf.resolve())
+    run(chat(model=None, resume=chat_id))
+    assert targets[-1] == model.target

@@ -119,6 +119,7 @@ class ChatApp(App):
         self._stop = threading.Event()
         self._generate_worker: Worker | None = None
         self._last_stats: GenerationStats | None = None
+        self._context_used = 0  # the conversation's tokens, as the status bar shows them between replies
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a query from the app searches whichever screen is on top.
@@ -191,9 +192,10 @@ class ChatApp(App):
             return
         if self.session is not None:
             self.session.backend.close()
-        self.session = event.session
+        self.session, self._last_stats = event.session, None  # the last model's rates are not this one's
+        self._context_used = self._conversation_tokens()
         if self.chat_id is not None:
-            await self._save(lambda: self.store.update(self.chat_id, model=self.session.model.name))
+            await self._save(lambda: self.store.update(self.chat_id, model=self.session.model.target))
 
     # --- sending and streaming ----------------------------------------------------------
 
@@ -273,11 +275,12 @@ class ChatApp(App):
         self._last_stats = generation.stats
         text, reason = generation.text, generation.stats.stop_reason
         self.messages = list(self.session.messages)  # the session added the reply, partial or whole
+        self._context_used = self.session.context_tokens
         if text:
             await reply.finish(text, STOP_NOTES.get(reason, ""))
-            model = self.session.model.name
-            await self._save_message("assistant", text, generation.stats.as_dict() | {"model": model})
-            await self._save(lambda: self.store.update(self.chat_id, model=model))
+            model = self.session.model
+            await self._save_message("assistant", text, generation.stats.as_dict() | {"model": model.name})
+            await self._save(lambda: self.store.update(self.chat_id, model=model.target))  # what --resume loads
         else:
             await reply.remove()
             self.messages = self.messages[:-1]  # nothing was said; keep no empty turn
@@ -294,7 +297,7 @@ class ChatApp(App):
         else:
             stats = self._last_stats
             state = f"loading {self.loading}…" if self.loading else "ready" if session else "no model"
-            used = session.context_tokens if session else 0
+            used = self._context_used
         info = StatusInfo(state, model=self.loading or "")
         if session is not None:
             info = replace(info, model=session.model.name, backend=session.backend.name,
@@ -323,6 +326,16 @@ class ChatApp(App):
             await self._finish_reply(generation, error)
         self.exit()
 
+    def _conversation_tokens(self) -> int:
+        """What the conversation shown takes of the context: counted when it changes, not per refresh."""
+        if self.session is None or not self.messages:
+            return 0
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        try:
+            return len(self.session.model.tokenizer.encode_chat(head + self.messages, add_generation_prompt=False))
+        except KogError:  # a template that will not render this history: the next send says so
+            return 0
+
     # --- persistence --------------------------------------------------------------------
 
     async def _save(self, write: Callable[[], object]) -> None:
@@ -335,7 +348,7 @@ class ChatApp(App):
     async def _save_message(self, role: str, text: str, stats: dict | None = None) -> None:
         def write() -> None:
             if self.chat_id is None:
-                model = self.session.model.name if self.session else self.loading or ""
+                model = self.session.model.target if self.session else self.loading or ""
                 self.chat_id = self.store.create(model, self.system)
             self.store.add_message(self.chat_id, role, text, stats)
 
@@ -353,7 +366,7 @@ class ChatApp(App):
             await self.conversation.add_message(message.role, message.content)
         self.chat_id, self.system = chat.id, chat.system
         self.messages = [{"role": m.role, "content": m.content} for m in stored]
-        self._last_stats = None
+        self._last_stats, self._context_used = None, self._conversation_tokens()
         return chat
 
     # --- commands -----------------------------------------------------------------------
@@ -370,7 +383,7 @@ class ChatApp(App):
 
     async def _command_new(self, arg: str) -> None:
         await self.conversation.clear()
-        self.messages, self.chat_id, self._last_stats = [], None, None
+        self.messages, self.chat_id, self._last_stats, self._context_used = [], None, None, 0
         self.system = self.options.system
 
     async def _command_chats(self, arg: str) -> None:
@@ -399,7 +412,7 @@ class ChatApp(App):
 
     async def _command_clear(self, arg: str) -> None:
         await self.conversation.clear()
-        self.messages, self._last_stats = [], None
+        self.messages, self._last_stats, self._context_used = [], None, 0
         if self.chat_id is not None:
             await self._save(lambda: self.store.clear(self.chat_id))
 
