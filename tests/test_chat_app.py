@@ -419,3 +419,20 @@ def test_a_chat_with_a_model_from_a_path_resumes_with_it(default_gguf, tmp_path)
     assert ChatStore(tmp_path / "chats.db").get(chat_id).model == model.target == str(default_gguf.resolve())
     run(chat(model=None, resume=chat_id))
     assert targets[-1] == model.target
+
+
+def test_a_terminal_a_few_columns_wide_does_not_crash_the_app(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, [], 1.0))
+
+    async def scenario(width, key):
+        app = chat_app(tmp_path / "chats.db", opener)
+        async with app.run_test(size=(width, 20)) as pilot:
+            await wait_ready(pilot, app)
+            await pilot.press(key)  # the models or chats dialog
+            await pilot.pause(0.1)
+            return app.is_running
+
+    for width in (1, 3, 8):
+        for key in ("ctrl+t", "ctrl+o"):
+            assert run(scenario(width, key))

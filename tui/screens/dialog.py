@@ -14,7 +14,7 @@ class Dialog(ModalScreen[T]):
     DEFAULT_CSS = """
     Dialog { align: center middle; }
     Dialog > .box {
-        width: 90; max-width: 95%; height: auto; max-height: 90%;
+        width: 95%; max-width: 90; min-width: 24; height: auto; max-height: 90%;  /* rich cannot wrap text into 0 columns */
         border: round $accent; background: $surface; padding: 0 1;
     }
     Dialog .title { text-style: bold; margin: 0 0 1 0; width: 100%; }  /* long titles wrap */

@@ -9,7 +9,7 @@ from textual.widgets import TextArea
 
 class PromptInput(TextArea):
     DEFAULT_CSS = """
-    PromptInput { height: auto; min-height: 3; max-height: 10; }
+    PromptInput { height: auto; min-height: 3; max-height: 10; min-width: 12; }
     """
 
     class Submitted(Message):
