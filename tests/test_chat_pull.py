@@ -102,3 +102,24 @@ def test_a_model_not_installed_is_only_downloaded_when_the_user_agrees(default_g
             assert len(app.screen_stack) == 1 and app.session is session and app.loading is None
 
     run(scenario())
+
+
+def test_esc_stops_a_download_and_nothing_half_written_stays(default_gguf, tmp_path, monkeypatch):
+    model = loaded(default_gguf)
+    spec = local_index(tmp_path, monkeypatch)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, [], 1.0))
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener)
+        results = []
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await app.push_screen(PullModel(spec), results.append)
+            await pilot.press("escape")  # while pip runs: the download stops at its next report
+            await wait_for(pilot, lambda: results, 60, "the download to stop")
+            assert len(app.screen_stack) == 1
+        return results[0]
+
+    assert run(scenario()) == ("the download of test-weights was stopped; "
+                               "/model test-weights or `kog pull test-weights` starts it again")
+    assert not installed(spec) and not local_path(spec).parent.exists()  # no part file, no empty folder

@@ -319,6 +319,9 @@ class ChatApp(App):
             self.generation.cancel()
 
     async def action_quit(self) -> None:
+        for screen in self.screen_stack:  # a download in the app would hold the exit until it ends
+            if isinstance(screen, PullModel):
+                screen.stop()
         generation = self.generation
         if generation is not None:  # keep the partial reply, as Esc would
             self.action_stop()

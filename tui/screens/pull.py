@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from textual import work
@@ -33,6 +34,7 @@ class PullModel(Dialog[Path | str]):
     def __init__(self, spec: ModelSpec):
         super().__init__()
         self.spec = spec
+        self._stop = threading.Event()
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="box"):
@@ -47,6 +49,9 @@ class PullModel(Dialog[Path | str]):
     @work(thread=True)
     def _download(self) -> None:
         def report(stage: str, done: int, total: int | None) -> None:
+            if self._stop.is_set():  # raised inside the download, which cleans up (a hub download keeps its part to resume)
+                name = self.spec.name
+                raise KogError(f"the download of {name} was stopped; /model {name} or `kog pull {name}` starts it again")
             self.post_message(self.Progress(stage, done, total))
 
         try:
@@ -65,5 +70,9 @@ class PullModel(Dialog[Path | str]):
         self.dismiss(event.result)
 
     def action_close(self) -> None:
-        """A download in a worker thread cannot be stopped halfway, so Esc waits for it."""
-        self.notify("the download is still running; it cannot be stopped halfway", severity="warning")
+        """Esc stops the download at its next progress report; the dialog closes once it has."""
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.query_one("#stage", Label).update("stopping…")
