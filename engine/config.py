@@ -86,6 +86,14 @@ class ModelConfig:
         if not isinstance(rope_params, dict):
             raise KogError(f"rope_parameters must be an object, got {rope_params!r}")
         scaling = _rope_scaling(cfg.get("rope_scaling") or rope_params)
+        kv_heads = _positive_int(cfg, "num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise KogError(f"{heads} attention heads do not share {kv_heads} key/value heads evenly")
+        head_dim = _positive_int(cfg, "head_dim", _positive_int(cfg, "hidden_size") // heads or None)
+        eps, theta = cfg.get("rms_norm_eps", 1e-6), rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+        for key, value in (("rms_norm_eps", eps), ("rope_theta", theta)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise KogError(f"config field {key} must be a positive number, got {value!r}")
         return cls(
             arch=arch,
             vocab_size=_positive_int(cfg, "vocab_size"),
@@ -93,10 +101,10 @@ class ModelConfig:
             intermediate_size=_positive_int(cfg, "intermediate_size"),
             num_layers=_positive_int(cfg, "num_hidden_layers"),
             num_heads=heads,
-            num_kv_heads=_positive_int(cfg, "num_key_value_heads", heads),
-            head_dim=_positive_int(cfg, "head_dim", _positive_int(cfg, "hidden_size") // heads),
-            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
-            rope_theta=rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0)),
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=eps,
+            rope_theta=theta,
             max_context=context,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope_scaling=scaling,

@@ -49,7 +49,8 @@ def converted_dir(gguf_path: Path) -> Path:
     target = cache_dir() / "converted" / f"{source}-v{CONVERSION_VERSION}"
     if not target.exists():  # conversions are renamed into place whole, so presence means complete
         convert_gguf(gguf_path, target)
-        for stale in target.parent.glob(f"{glob.escape(source)}*"):  # an older converter's copy of this file
+        older = [target.parent / source, *target.parent.glob(f"{glob.escape(source)}-v*")]  # older converters' copies
+        for stale in older:
             if stale != target and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
     return target

@@ -89,7 +89,7 @@ class Registry:
         if target.startswith(HF_PREFIX):
             return self._resolve_hub(target.removeprefix(HF_PREFIX))
         path = Path(target).expanduser()
-        if path.exists() or "/" in target or target.startswith((".", "~")) or target.endswith(".gguf"):
+        if path.exists() or "/" in target or target.startswith((".", "~")) or target.lower().endswith(".gguf"):
             return _resolve_local(path, target)
         raise self._unknown(target)
 
@@ -206,6 +206,6 @@ def _parse(path: Path, name: str, entry: object) -> ModelSpec:
     spec = ModelSpec(name=name, **entry)
     try:
         spec.model_config()
-    except (KeyError, TypeError, KogError) as e:
+    except (TypeError, KogError) as e:
         raise bad(f"shape lacks or mistypes {e}") from None
     return spec

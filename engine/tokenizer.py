@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
-from functools import partial
 from pathlib import Path
 
 import gguf
@@ -111,8 +110,9 @@ def _template_processor(backend: Backend, bos: str | None, eos: str | None, add_
 class Tokenizer:
     """A `tokenizers.Tokenizer` plus what a chat needs: special ids, stop ids, the chat template.
 
-    `stop_ids` is eos plus every end-of-turn token (END_OF_TURN, or named by the GGUF) the
-    vocabulary marks special: instruct models end a turn with one and a document with another.
+    `stop_ids` is eos plus every end-of-turn token (END_OF_TURN) the vocabulary marks special:
+    instruct models end a turn with one and a document with another. (A GGUF's own end-of-turn
+    ids travel in the model config's eos ids, which the converted copy keeps.)
     """
 
     def __init__(
@@ -123,7 +123,6 @@ class Tokenizer:
         eos_token: str | None = None,
         pad_token: str | None = None,
         chat_template: str | None = None,
-        extra_stop_ids: Iterable[int] = (),
     ):
         self._backend = backend
         self.bos_token, self.eos_token, self.pad_token = bos_token, eos_token, pad_token
@@ -135,7 +134,7 @@ class Tokenizer:
         self.add_bos_token = self.bos_id is not None and probe[:1] == [self.bos_id]
         self.add_eos_token = self.eos_id is not None and len(probe) > self.add_bos_token and probe[-1] == self.eos_id
         special = {t.content: i for i, t in backend.get_added_tokens_decoder().items() if t.special}
-        stops = {special[t] for t in END_OF_TURN if t in special} | set(extra_stop_ids)
+        stops = {special[t] for t in END_OF_TURN if t in special}
         self.stop_ids: set[int] = stops | ({self.eos_id} if self.eos_id is not None else set())
 
     # --- construction -------------------------------------------------------------------------
@@ -220,7 +219,6 @@ class Tokenizer:
             eos_token=eos,
             pad_token=token_of(keys.PAD_ID),
             chat_template=_gguf_value(reader, keys.CHAT_TEMPLATE),
-            extra_stop_ids=[i for i in map(partial(_gguf_value, reader), (keys.EOT_ID, keys.EOM_ID)) if i is not None],
         )
 
     def save(self, directory: str | Path) -> None:

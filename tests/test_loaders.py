@@ -95,6 +95,17 @@ def test_a_variant_kog_does_not_run_is_refused(tmp_path, seed, arch, overrides, 
         load_model(tmp_path / "m")
 
 
+def test_a_rope_frequency_table_of_the_wrong_size_is_refused(tiny_dir):
+    from safetensors.numpy import load_file, save_file
+
+    path = tiny_dir / "model.safetensors"
+    tensors = load_file(path)
+    tensors["rope_freqs.weight"] = np.ones(1, dtype=np.float32)
+    save_file(tensors, path)
+    with pytest.raises(KogError, match=r"rope_freqs.weight .* has shape \(1,\), expected"):
+        load_model(tiny_dir)
+
+
 def test_a_tensor_nothing_reads_is_refused(tiny_dir):
     """A variant the config does not name (here an O projection bias) shows in its weights."""
     from safetensors.numpy import load_file, save_file
@@ -114,6 +125,9 @@ def test_a_tensor_nothing_reads_is_refused(tiny_dir):
     ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "unsupported rope scaling type 'yarn'"),
     ({"max_position_embeddings": 0}, "max_position_embeddings must be a positive integer, got 0"),
     ({"num_hidden_layers": "2"}, "num_hidden_layers must be a positive integer, got '2'"),
+    ({"num_attention_heads": 4, "num_key_value_heads": 3}, "4 attention heads do not share 3 key/value heads evenly"),
+    ({"rms_norm_eps": -1e-6}, "rms_norm_eps must be a positive number"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": 0}}, "rope_theta must be a positive number, got 0"),
 ])
 def test_a_malformed_config_field_is_one_clear_error(tiny_dir, fields, message):
     config = json.loads((tiny_dir / "config.json").read_text()) | fields

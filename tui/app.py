@@ -351,8 +351,7 @@ class ChatApp(App):
     async def _save_message(self, role: str, text: str, stats: dict | None = None) -> None:
         def write() -> None:
             if self.chat_id is None:
-                model = self.session.model.target if self.session else self.loading or ""
-                self.chat_id = self.store.create(model, self.system)
+                self.chat_id = self.store.create(self.session.model.target, self.system)
             self.store.add_message(self.chat_id, role, text, stats)
 
         await self._save(write)
@@ -405,6 +404,7 @@ class ChatApp(App):
 
     async def _command_system(self, arg: str) -> None:
         self.system = arg or None
+        self._context_used = self._conversation_tokens()
         if self.chat_id is not None:
             await self._save(lambda: self.store.update(self.chat_id, system=arg))
         self.notify(f"system message: {arg}" if arg else "system message cleared", markup=False)

@@ -134,13 +134,16 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
 
 
 # Tensors a model may carry that the forward pass has no use for: RoPE tables it recomputes.
-UNREAD_TENSORS = re.compile(r"(.*\.rotary_emb\.inv_freq|rope_freqs\.weight)$")
+UNREAD_TENSORS = re.compile(r".*\.rotary_emb\.inv_freq$")
+# Read when present: a GGUF's Llama 3 RoPE scaling, as divisors of the head's frequencies.
+OPTIONAL_TENSORS = {"rope_freqs.weight": lambda config: (config.head_dim // 2,)}
 
 
 def check_weights(config: ModelConfig, weights: dict[str, np.ndarray], source) -> None:
     """Every tensor the forward pass reads is present with the shape the config implies, and
     no other: a tensor nothing reads (a bias, an extra norm) means a variant kog does not run."""
     expected = expected_shapes(config)
+    expected |= {key: shape(config) for key, shape in OPTIONAL_TENSORS.items() if key in weights}
     for key, shape in expected.items():
         if key not in weights:
             raise KogError(f"weights in {source} lack {key}; incomplete or not a {config.arch} model")
