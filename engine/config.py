@@ -8,6 +8,7 @@ config and one forward pass cover Llama, Mistral-style, Qwen2 and Qwen3 models.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -89,22 +90,18 @@ class ModelConfig:
         kv_heads = _positive_int(cfg, "num_key_value_heads", heads)
         if heads % kv_heads:
             raise KogError(f"{heads} attention heads do not share {kv_heads} key/value heads evenly")
-        head_dim = _positive_int(cfg, "head_dim", _positive_int(cfg, "hidden_size") // heads or None)
-        eps, theta = cfg.get("rms_norm_eps", 1e-6), rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-        for key, value in (("rms_norm_eps", eps), ("rope_theta", theta)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise KogError(f"config field {key} must be a positive number, got {value!r}")
+        hidden = _positive_int(cfg, "hidden_size")
         return cls(
             arch=arch,
             vocab_size=_positive_int(cfg, "vocab_size"),
-            hidden_size=_positive_int(cfg, "hidden_size"),
+            hidden_size=hidden,
             intermediate_size=_positive_int(cfg, "intermediate_size"),
             num_layers=_positive_int(cfg, "num_hidden_layers"),
             num_heads=heads,
             num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=eps,
-            rope_theta=theta,
+            head_dim=_positive_int(cfg, "head_dim", hidden // heads or None),
+            rms_norm_eps=_positive_number("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=_positive_number("rope_theta", rope_params.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             max_context=context,
             tie_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             rope_scaling=scaling,
@@ -175,6 +172,12 @@ def _positive_int(cfg: dict, key: str, default: int | None = None) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise KogError(f"config field {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_number(key: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+        raise KogError(f"config field {key} must be a positive number, got {value!r}")
     return value
 
 
