@@ -160,9 +160,7 @@ VARIANTS = {
     **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
-    "l2-keep-qkv-o-2": {"KOG_L2_KEEP": "3", "KOG_L2_KEEP_LAYERS": "2"},  # layers 0-1's QKV and O copied evict-last: in L2 across tokens
-    "l2-keep-layers-2": {"KOG_L2_KEEP": "15", "KOG_L2_KEEP_LAYERS": "2"},  # layers 0-1's weights kept in L2
-    "l2-keep-layers-4": {"KOG_L2_KEEP": "15", "KOG_L2_KEEP_LAYERS": "4"},  # layers 0-3's
+    "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},

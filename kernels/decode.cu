@@ -63,7 +63,7 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
     const int r0 = M::row0(c.b), nr = M::row0(c.b + 1) - r0;
     for (int r = c.tid; r < nr; r += NTHR) {
         xown[r] += mv_result<M>(red, r);
-        kog_st_tagged(c.P->x + r0 + r, xown[r], c.epoch + 1);
+        hop_st_tagged(c, HV_X + r0 + r, xown[r], c.epoch + 1);
     }
 }
 
@@ -79,8 +79,8 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
     for (int r = c.tid; r < nr; r += NTHR) {
         const long long x0 = l == 0 ? sum_fixed(xown[r], SUM_X_MAX) : kog_xfix[r];
         const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red, r), SUM_X_MAX), -XMAX), XMAX);
-        kog_st_tagged(c.P->x + r0 + r, sum_float(x), c.epoch + 1);
-        kog_red_add_u64(c.P->xsum + r0 + r, sum_add(x - kog_xfix[r]));
+        hop_st_tagged(c, HV_X + r0 + r, sum_float(x), c.epoch + 1);
+        hop_red_add(c, HV_XSUM + r0 + r, sum_add(x - kog_xfix[r]));
         kog_xfix[r] = x;
     }
 }
@@ -90,8 +90,8 @@ __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, con
 // published the tagged words. (The final norm is traced as a layer input too, in layer NL - 1,
 // which bench/decode_breakdown.py never traces.)
 __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, int layers, const float* w) {
-    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, c.P->xsum, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
-    return stage_norm(c, xs, c.P->x, c.epoch, nullptr, w, NORM_LAYER_INPUT);
+    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, HV_XSUM, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
+    return stage_norm(c, xs, HV_X, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
 // LM_SCREEN (decode_common.cuh), all threads: the block's LM head rows screened in int8, the exact logits
@@ -194,7 +194,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (l == 0) {
             const unsigned short* emb = w + OFF_EMB + (long long)token * H;
             for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
-            stage_norm(c, xs, nullptr, 0, emb, sl + S_ATTN_NORM);
+            stage_norm(c, xs, HV_X, 0, emb, sl + S_ATTN_NORM);
         } else {
             if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
@@ -210,7 +210,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
 #if KOG_QKV_BIAS
                 v += sl[S_BQKV + r0 + r];
 #endif
-                kog_st_tagged(P->qkv + r0 + r, v, c.epoch + 1);
+                hop_st_tagged(c, HV_QKV + r0 + r, v, c.epoch + 1);
             }
             trace_mv(c, MAT_QKV, 5);
         }
@@ -228,7 +228,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         // --- O projection + residual
         // (KOG_EXP 11, timing only: O's product takes its input as it stands, so that only the attention
         // blocks' own O rows follow their attention: what folding O into the attention could gain at most)
-        if (KOG_EXP != 11 && !(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, P->attn, c.epoch)))
+        if (KOG_EXP != 11 && !(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, HV_ATTN, c.epoch)))
             return false;
         trace_event(c);
         {
@@ -243,7 +243,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         if (ATT_EARLY_AT == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
         // --- gate/up + SiLU
-        if (!stage_norm(c, xs, P->x, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
+        if (!stage_norm(c, xs, HV_X, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
         trace_event(c);
         {
             mv_run<MGU, MAT_GU>(c, xs, red);
@@ -253,7 +253,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             for (int j = c.tid; j < np; j += NTHR) {
                 const float gt = mv_result<MGU>(red, 2 * j), up = mv_result<MGU>(red, 2 * j + 1);
                 const float a = gt / (1.0f + expf(-gt)) * up;
-                kog_st_tagged(P->act + r0 / 2 + j, a, c.epoch + 1);
+                hop_st_tagged(c, HV_ACT + r0 / 2 + j, a, c.epoch + 1);
             }
             trace_mv(c, MAT_GU, 5);
         }
@@ -261,7 +261,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (ATT_EARLY_AT == 4 && l + 1 < NL) att_prefetch(c, l + 1, pos);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
-        if (!stage_copy<DN_K>(c, xs, P->act + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        if (!stage_copy<DN_K>(c, xs, HV_ACT + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
@@ -271,7 +271,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-                for (int r = c.tid; r < nr; r += NTHR) kog_red_add_u64(P->xsum + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r), SUM_PART_MAX)));
+                for (int r = c.tid; r < nr; r += NTHR) hop_red_add(c, HV_XSUM + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r), SUM_PART_MAX)));
             }
             trace_mv(c, MAT_DN, 5);
         }
@@ -389,6 +389,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
     for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
     release_clock_start(c);
+    hop_map_load(c);
     __syncthreads();
     c.ring = reinterpret_cast<uint4*>(kog_smem + SM_FLOATS) + c.warp * RING * SLOT;
     ring_start(c);  // the first token's weights stream while it is chosen
@@ -456,12 +457,11 @@ extern "C" __global__ void kog_info(long long* out) {
         out[8] = sizeof(KParams);
         out[9] = NBINS;
         out[10] = VPAD;
-        out[11] = MAXCH;
+        out[11] = HOP_WORDS;
         out[12] = FLAGS;
         out[13] = MAXSTOP;
         out[14] = DN_SPLIT;
-        out[15] = H;  // words at KParams::xsum (kernels before v33 wrote DN_SPLIT x H partial sums there)
-        out[16] = REC_W;  // words per attention record at KParams::part (older kernels wrote none: D + 2)
-        out[17] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
+        out[15] = HOP_COPIES;
+        out[16] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
     }
 }

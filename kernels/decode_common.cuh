@@ -67,7 +67,7 @@
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
 #endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
                           // (a token's first layer's at its start, as 2); -1 by shape
-#ifndef KOG_REC_PAD  // the attention records in P->part padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
+#ifndef KOG_REC_PAD  // the attention records (HV_PART) padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
 #define KOG_REC_PAD -1  // below): where O's gather merges the units, whose loads of a record's max and sum then
                         // stay off the next record's line (PERF.md sessions 33-34)
 #endif
@@ -83,11 +83,8 @@
 #ifndef KOG_ICACHE_LAYER_KB  // ... run once a layer by the blocks without attention work, while the attention runs
 #define KOG_ICACHE_LAYER_KB 0
 #endif
-#ifndef KOG_L2_KEEP  // timing experiments: a mask of the matrices (bit MAT_QKV .. MAT_LM) whose weights, in layers
-#define KOG_L2_KEEP 0  // 0 .. KOG_L2_KEEP_LAYERS - 1, are copied evict-last, to stay in L2 from token to token (0: none)
-#endif
-#ifndef KOG_L2_KEEP_LAYERS
-#define KOG_L2_KEEP_LAYERS 1000  // (more than any model's layers: all of them)
+#ifndef KOG_HOP_COPIES  // copies of the vectors that cross blocks: 2, one homed in each L2 partition (the hop space
+#define KOG_HOP_COPIES 2  // below; engine/backends/l2_sides.py maps them), or 1 (one copy, wherever its lines are homed)
 #endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
@@ -150,7 +147,7 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
-// Words of one (unit, query head) record of the attention in P->part: D values, the max and the sum.
+// Words of one (unit, query head) record of the attention (at HV_PART): D values, the max and the sum.
 // By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
 // warps reading different heads' records never load the same line in one round: in
 // bench/sync_probe.py a second load of a line that another load of the same multiprocessor has in
@@ -260,6 +257,30 @@ constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT
                        : dn_split_of(INTER, H) ? dn_split_of(INTER, H) : dn_split_of(INTER, 64 * NTHR);
 constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
 static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
+
+// ---- the hop space -------------------------------------------------------------------------
+// The vectors that cross blocks (tagged and summed words) live in one space of HOP_WORDS words. H100/H200's
+// L2 is two partitions, each wired to half of the multiprocessors; every line is homed in one of them, and a
+// round trip to a line of the other partition takes longer (bench/l2_side_probe.py on H200: an atomic ~310
+// cycles near, ~500 far; the map's grain is 4 KB). Every hop is all-to-all, so half of its polls went far.
+// With HOP_COPIES 2 the space is kept twice, each copy on lines of one partition, chunk by chunk
+// (engine/backends/l2_sides.py maps the chunks and the multiprocessors once at load): a producer stores
+// into both copies (a store does not wait for its round trip) and a consumer polls its own partition's.
+// The probe's all-to-all hop of 576 words: 884 ns in one copy, 762 ns polled near (902 polled far).
+// Words of a vector that a consumer loads together (16-byte pairs, a record's max and sum) never straddle
+// a chunk: vectors start on whole lines, pairs on even words.
+constexpr int HOP_COPIES = KOG_HOP_COPIES;
+static_assert(HOP_COPIES == 1 || HOP_COPIES == 2, "one copy of the hop space, or one per L2 partition");
+constexpr int HOP_CHUNK = 512;  // words (4 KB) of a chunk: the grain of the partitions' address map
+__host__ __device__ constexpr int whole_lines(int words) { return (words + 15) / 16 * 16; }  // (16 words a 128-byte line)
+constexpr int HV_X = 0;  // where each vector starts: the residual stream (tagged) ...
+constexpr int HV_QKV = HV_X + whole_lines(H);
+constexpr int HV_ATTN = HV_QKV + whole_lines(NQKV);
+constexpr int HV_PART = HV_ATTN + whole_lines(QD);  // the attention units' records, [kv head][unit][head][REC_W]
+constexpr int HV_ACT = HV_PART + whole_lines(NKV * MAXCH * G * REC_W);  // SiLU(gate)*up
+constexpr int HV_XSUM = HV_ACT + whole_lines(INTER);  // DN_SPLIT > 1: the residual stream as summed words
+constexpr int HOP_WORDS = HV_XSUM + whole_lines(DN_SPLIT > 1 ? H : 0);
+constexpr int HOP_CHUNKS = (HOP_WORDS + HOP_CHUNK - 1) / HOP_CHUNK;
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip
 static_assert(NBLK <= FLAGS, "one flag word per block");
@@ -320,12 +341,9 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     float* vc;
     const float* rcos;
     const float* rsin;
-    kog_u64* x;     // tagged words (phase, value): the vectors that cross blocks
-    kog_u64* qkv;
-    kog_u64* attn;
-    kog_u64* part;  // attention units' partial records (tagged), [kv head][unit][head][REC_W]
-    kog_u64* act;   // SiLU(gate)*up (tagged)
-    kog_u64* xsum;  // DN_SPLIT > 1: the residual stream as summed words (decode_sync.cuh), [H]
+    kog_u64* hop;  // the hop space's chunks (HOP_COPIES x HOP_CHUNKS of them, in some order)
+    const unsigned short* hop_map;  // [HOP_COPIES][HOP_CHUNKS]: copy k's chunk j is chunk hop_map[k][j] of hop
+    const unsigned char* sm_side;  // [256]: the copy a multiprocessor (%smid) polls, its L2 partition
     float* logits;
     unsigned* keys;
     unsigned short* bins;
@@ -551,7 +569,8 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 // 96 KB of slots a block (four 2 KB granules per warp, five of 1.5 KB: PERF.md v34, where six and
 // seven lost), or as many as fit beside the ring (grids of fewer blocks have larger shares and
 // inputs: the stash shrinks there, down to none).
-constexpr int SMEM_LIMIT = 227 * 1024 - 2048;  // bytes of shared memory per block, the static part's 2 KB kept free
+// bytes of shared memory per block, the static part's 2 KB and the hop map's copy (decode_sync.cuh) kept free
+constexpr int SMEM_LIMIT = 227 * 1024 - 2048 - (HOP_COPIES > 1 ? HOP_COPIES * HOP_CHUNKS * 2 : 0);
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);

@@ -60,12 +60,11 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
-    const kog_u64 policy = (KOG_L2_KEEP >> s.mat & 1) && s.layer < KOG_L2_KEEP_LAYERS ? kog_l2_evict_last() : c.l2_policy;
 #pragma unroll
     for (int i = 0; i < SLOT / KOG_WAVE; ++i)
         if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && copies_three_quarters(s, i, c.lane)) {
             if (KOG_EXP == 3) kog_cp_async16(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE);
-            else kog_cp_async16_l2_policy(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, policy);
+            else kog_cp_async16_evict_first(slot + i * KOG_WAVE + c.lane, src + i * KOG_WAVE, c.l2_policy);
         } else if (pad) {
             slot[i * KOG_WAVE + c.lane] = make_uint4(0u, 0u, 0u, 0u);
         }

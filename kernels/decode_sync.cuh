@@ -174,6 +174,34 @@ __device__ __forceinline__ void arrive(Ctx& c) {
     if (c.tid == 0) kog_st_release_u32(c.P->flags + c.b, c.epoch);  // release covers the block (bar.sync)
 }
 
+// ---- the hop space (decode_common.cuh) --------------------------------------------------------
+// The block's copy of the chunk map, as each chunk's shift in chunks (copy k's chunk j is chunk j +
+// kog_hop_shift[k][j] of P->hop): row 0 the copy it polls (its own L2 partition's), row 1 the other.
+__shared__ short kog_hop_shift[HOP_COPIES > 1 ? 2 : 1][HOP_COPIES > 1 ? HOP_CHUNKS : 1];
+// All threads, once at the start: the map rows of this block's multiprocessor.
+__device__ __forceinline__ void hop_map_load(const Ctx& c) {
+    if (HOP_COPIES == 1) return;
+    const int near = c.P->sm_side[kog_sm_id() & 255];
+    for (int j = c.tid; j < HOP_CHUNKS; j += NTHR)
+        kog_hop_shift[0][j] = (short)(c.P->hop_map[near * HOP_CHUNKS + j] - j),
+        kog_hop_shift[1][j] = (short)(c.P->hop_map[(1 - near) * HOP_CHUNKS + j] - j);
+}
+// Word v of the hop space: in the copy the block polls (copy 0), or in the other one (copy 1).
+__device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v, int copy = 0) {
+    if (HOP_COPIES == 1) return c.P->hop + v;
+    return c.P->hop + (v + kog_hop_shift[copy][(unsigned)v / HOP_CHUNK] * HOP_CHUNK);
+}
+// Publish word v of a tagged vector, in every copy.
+__device__ __forceinline__ void hop_st_tagged(const Ctx& c, int v, float x, unsigned tag) {
+    kog_st_tagged(hop_word(c, v), x, tag);
+    if (HOP_COPIES > 1) kog_st_tagged(hop_word(c, v, 1), x, tag);
+}
+// Add to summed word v (decode_sync.cuh's summed words), in every copy: each copy gets every add.
+__device__ __forceinline__ void hop_red_add(const Ctx& c, int v, kog_u64 d) {
+    kog_red_add_u64(hop_word(c, v), d);
+    if (HOP_COPIES > 1) kog_red_add_u64(hop_word(c, v, 1), d);
+}
+
 // ---- tagged vectors ----------------------------------------------------------------------
 // x, qkv, attn (and a short act) cross blocks as tagged words: the producer stores (phase, value) in one
 // 8-byte word, and a consumer spins on the words it needs until each carries the phase it
@@ -198,7 +226,7 @@ struct TagWord {  // how a consumer reads a tagged word
 
 // ---- summed words (DN_SPLIT > 1) ----------------------------------------------------------
 // Where down is split by columns, the residual stream as the next layer's norm reads it lives in
-// summed words (KParams::xsum): each element only ever grows by atomic adds done in L2 -- O's row
+// summed words (HV_XSUM in the hop space): each element only ever grows by atomic adds done in L2 -- O's row
 // owners add their rows' change, each of down's slices its partial sums. A word holds the number
 // of adds so far (top 8 bits, modulo 256) and the sum in fixed point (low 56 bits, two's
 // complement, 2^-SUM_FRAC units): integer adds are exact and commute, so the sum does not depend
@@ -287,10 +315,10 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
     __device__ static bool has(int tid, int k) { return tid + k * NTHR < N2; }
 };
 
-// Every thread: its pairs of the tagged N-vector at src, once they carry `tag` (all loads of
+// Every thread: its pairs of the tagged N-vector at hop word src, once they carry `tag` (all loads of
 // a round in flight together; a round re-reads only what was not ready). False on timeout.
 template <int N, class W = TagWord>
-__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, unsigned tag) {
+__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
     using T = Tagged<N>;
     unsigned pending = 0;
 #pragma unroll
@@ -301,7 +329,7 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
         ulonglong2 w[T::NV];
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(src + 2 * (c.tid + k * NTHR));
+            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(c, src + 2 * (c.tid + k * NTHR)));
         const auto take = [&](int k) {  // pair k is ready: its values out
             out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
             W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
@@ -335,17 +363,17 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, const kog_u64* src, 
     return true;
 }
 
-// One thread: n values at src[STRIDE i] once they carry `tag` (every load of a round in flight together;
-// every lane of the wave calls it, as every tagged wait: see poll_again).
+// One thread: n values at hop words src + STRIDE i once they carry `tag` (every load of a round in flight
+// together; every lane of the wave calls it, as every tagged wait: see poll_again).
 template <int n, int STRIDE>
-__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], int src, unsigned tag) {
     unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
     for (int it = 1;; ++it) {
         kog_u64 w[n];
 #pragma unroll
         for (int i = 0; i < n; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + STRIDE * i);
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(hop_word(c, src + STRIDE * i));
 #pragma unroll
         for (int i = 0; i < n; ++i)
             if (((pending >> i) & 1u) && tag_ready(w[i], tag)) {
@@ -358,16 +386,16 @@ __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64
     return true;
 }
 
-// One lane: n values at src[lane + 32 i] once they carry `tag`.
+// One lane: n values at hop words src + lane + 32 i once they carry `tag`.
 template <int n>
-__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
+__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], int src, unsigned tag) {
     return gather_tagged_strided<n, KOG_WAVE>(c, v, src + c.lane, tag);
 }
 
-// RMSNorm of the residual stream (tagged or summed words W, or an embedding row at layer 0) into
-// shared memory (the split layout of xs_index); `traced` names it for trace_norm.
+// RMSNorm of the residual stream (tagged or summed words W at hop word src, or an embedding row at layer 0)
+// into shared memory (the split layout of xs_index); `traced` names it for trace_norm.
 template <class W = TagWord>
-__device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned tag, const unsigned short* emb_row,
+__device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const unsigned short* emb_row,
                            const float* w, int traced = NORM_UNTRACED) {
     using T = Tagged<H>;
     T x;
@@ -414,9 +442,9 @@ __device__ bool stage_norm(const Ctx& c, float* xs, const kog_u64* src, unsigned
     return true;
 }
 
-// A tagged N-vector into shared memory (split layout).
+// A tagged N-vector (at hop word src) into shared memory (split layout).
 template <int N>
-__device__ bool stage_copy(const Ctx& c, float* xs, const kog_u64* src, unsigned tag) {
+__device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
     using T = Tagged<N>;
     T x;
     const bool ok = gather_tagged<N>(c, x, src, tag);

@@ -106,7 +106,7 @@ __device__ __forceinline__ void kog_st_relaxed_sys_s32(int* p, int v) {
 // acquire/release ordering at gpu scope: enough for flag/message passing (no total order needed)
 __device__ __forceinline__ void kog_fence_acqrel() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
-__device__ __forceinline__ unsigned kog_sm_id() {  // the multiprocessor a block runs on (tracing)
+__device__ __forceinline__ unsigned kog_sm_id() {  // the multiprocessor a block runs on (its L2 partition, tracing)
     unsigned id;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
     return id;
@@ -135,9 +135,8 @@ __device__ __forceinline__ void kog_cp_async16(void* smem_dst, const void* gmem_
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(d), "l"(gmem_src) : "memory");
 }
-// The same, with an L2 policy: evict-first (kog_l2_evict_first) for the weights; evict-last (kog_l2_evict_last)
-// only in timing experiments that keep some weights in L2 from token to token.
-__device__ __forceinline__ void kog_cp_async16_l2_policy(void* smem_dst, const void* gmem_src, kog_u64 policy) {
+// The same, marked evict-first in L2 (policy from kog_l2_evict_first).
+__device__ __forceinline__ void kog_cp_async16_evict_first(void* smem_dst, const void* gmem_src, kog_u64 policy) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(smem_dst);
     asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;" ::"r"(d), "l"(gmem_src), "l"(policy)
                  : "memory");
@@ -145,11 +144,6 @@ __device__ __forceinline__ void kog_cp_async16_l2_policy(void* smem_dst, const v
 __device__ __forceinline__ kog_u64 kog_l2_evict_first() {
     kog_u64 p;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-    return p;
-}
-__device__ __forceinline__ kog_u64 kog_l2_evict_last() {  // (not volatile: a constant the compiler may hoist out of a loop)
-    kog_u64 p;
-    asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
     return p;
 }
 __device__ __forceinline__ void kog_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }

@@ -192,7 +192,11 @@ def test_decode_step_matches(model):
     assert gpu.cached_tokens == PROMPT + 1
     step = gpu.logits.get()
     ref = _hf_logits(hf, prompt + toks[:1], PROMPT)[0]
-    x = (gpu.x.get() & 0xFFFFFFFF).astype(np.uint32).view(np.float32)  # tagged words: the value half
+    H = gpu.config.hidden_size
+    words = gpu.hop.words(0, H)  # the residual stream: the hop space's first words (kernels: HV_X)
+    if gpu.kernel_info["hop_copies"] == 2:
+        assert (gpu.hop.words(0, H, copy=1) == words).all(), "every copy of the hop space gets every store"
+    x = (words & 0xFFFFFFFF).astype(np.uint32).view(np.float32)  # tagged words: the value half
     with torch.no_grad():
         hs = hf(torch.tensor([prompt + toks[:1]], device="cuda"), output_hidden_states=True).hidden_states
     cands = {f"hidden[{i}]": hs[i][0, -1].float().cpu().numpy() for i in (-2, -1)}

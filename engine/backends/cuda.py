@@ -33,6 +33,7 @@ from engine import rope
 from engine.backends import cuda_fault
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
+from engine.backends.l2_sides import hop_space
 from engine.backends.token_wait import TokenWait
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -46,7 +47,7 @@ _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DE
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
-    "w ws kc vc rcos rsin x qkv attn part act xsum logits keys bins hist_cnt hist_mass slot_val slot_idx "
+    "w ws kc vc rcos rsin hop hop_map sm_side logits keys bins hist_cnt hist_mass slot_val slot_idx "
     "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
@@ -208,7 +209,8 @@ class CudaBackend(Backend):
         self._device_name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.arch = f"{props['major']}{props['minor']}"
         # one block per multiprocessor; KOG_NBLK in `defines` runs a smaller grid (experiments)
-        self.nblk = int(self._extra_defines.get("KOG_NBLK", props["multiProcessorCount"]))
+        self.nsm = int(props["multiProcessorCount"])
+        self.nblk = int(self._extra_defines.get("KOG_NBLK", self.nsm))
         w = model.weights
         self.tied = "lm_head.weight" not in w
         self.lay = lay = Layout(c, self.tied)
@@ -259,16 +261,16 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
-        info = cp.zeros(18, dtype=cp.int64)
+        self.l2mod = cp.RawModule(path=str(compile_kernels("l2_sides.cu", {}, self.arch)))
+        info = cp.zeros(17, dtype=cp.int64)
         self.mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
         self.kernel_info = {
             "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
-            "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "maxch": int(info[11]),
+            "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "hop_words": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
-            "xsum_words": int(info[15]), "rec_words": int(info[16]) or self.config.head_dim + 2,
-            "lm_screen": bool(info[17]),
+            "hop_copies": int(info[15]), "lm_screen": bool(info[16]),
         }
         if self.kernel_info["lm_screen"]:
             self.lay.add_lm_screen(self.config)
@@ -277,10 +279,9 @@ class CudaBackend(Backend):
         self.k_decode.max_dynamic_shared_size_bytes = self.smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
         k, lay = self.kernel_info, self.lay
-        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS,
-                self.config.hidden_size)
+        mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
-                  k["nblk"], k["nbins"], k["xsum_words"])
+                  k["nblk"], k["nbins"])
         if mine != theirs:
             raise KogError("kernels/decode.cu and engine/backends/cuda.py disagree on the parameter block")
         self.nthr = k["nthr"]  # threads per block (kernels: NTHR)
@@ -369,16 +370,13 @@ class CudaBackend(Backend):
         shape = (c.num_layers, c.num_kv_heads, self.max_context, c.head_dim)
         self.kc = cp.zeros(shape, dtype=cp.float32)
         self.vc = cp.zeros(shape, dtype=cp.float32)
-        g = c.num_heads // c.num_kv_heads
         V = c.vocab_size
         vpad = (V + 7) // 8 * 8
         f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
-        # tagged words (phase << 32 | fp32 bits) of the vectors that cross blocks; zeroed per launch
-        tagged = lambda n: cp.zeros(n, dtype=cp.uint64)  # noqa: E731
-        self.x, self.qkv, self.attn = tagged(c.hidden_size), tagged(lay.nqkv), tagged(lay.qd)
-        self.part = tagged(c.num_kv_heads * self.kernel_info["maxch"] * g * self.kernel_info["rec_words"])
-        self.act = tagged(c.intermediate_size)
-        self.xsum = tagged(c.hidden_size)  # the residual stream as summed words where down is split (zeroed too)
+        # the vectors that cross blocks, as tagged words (phase << 32 | fp32 bits) and summed words, placed by L2
+        # partition (kernels: the hop space); zeroed per launch
+        k = self.kernel_info
+        self.hop = hop_space(cp, self.l2mod, k["hop_words"], k["hop_copies"], self.nsm)
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
@@ -444,7 +442,8 @@ class CudaBackend(Backend):
     # ---- decode --------------------------------------------------------------------------
     def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
                      debug: str, timeout_s: float) -> None:
-        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel}
+        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel, "hop": self.hop.arena.data.ptr,
+                "hop_map": self.hop.hop_map.data.ptr, "sm_side": self.hop.sm_side.data.ptr}
         ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
         ints = {
             "start_pos": self.cached_tokens,
@@ -506,8 +505,7 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
-            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.x, self.qkv, self.attn,
-                      self.part, self.act, self.xsum):
+            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.hop.arena):
                 a.fill(0)
             self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
