@@ -342,7 +342,8 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     const float* rcos;
     const float* rsin;
     kog_u64* hop;  // the hop space's chunks (HOP_COPIES x HOP_CHUNKS of them, in some order)
-    const unsigned short* hop_map;  // [HOP_COPIES][HOP_CHUNKS]: copy k's chunk j is chunk hop_map[k][j] of hop
+    const unsigned short* hop_map;  // [HOP_COPIES][HOP_CHUNKS]: copy k's chunk j is chunk hop_map[k][j] of hop (copy 1's
+                                    // chunk j: copy 0's ^ 1, its neighbour in their 8 KB)
     const unsigned char* sm_side;  // [256]: the copy a multiprocessor (%smid) polls, its L2 partition
     float* logits;
     unsigned* keys;
@@ -570,7 +571,7 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 // seven lost), or as many as fit beside the ring (grids of fewer blocks have larger shares and
 // inputs: the stash shrinks there, down to none).
 // bytes of shared memory per block, the static part's 2 KB and the hop map's copy (decode_sync.cuh) kept free
-constexpr int SMEM_LIMIT = 227 * 1024 - 2048 - (HOP_COPIES > 1 ? HOP_COPIES * HOP_CHUNKS * 2 : 0);
+constexpr int SMEM_LIMIT = 227 * 1024 - 2048 - (HOP_COPIES > 1 ? HOP_CHUNKS * 2 : 0);
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);

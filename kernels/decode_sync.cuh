@@ -175,31 +175,36 @@ __device__ __forceinline__ void arrive(Ctx& c) {
 }
 
 // ---- the hop space (decode_common.cuh) --------------------------------------------------------
-// The block's copy of the chunk map, as each chunk's shift in chunks (copy k's chunk j is chunk j +
-// kog_hop_shift[k][j] of P->hop): row 0 the copy it polls (its own L2 partition's), row 1 the other.
-__shared__ short kog_hop_shift[HOP_COPIES > 1 ? 2 : 1][HOP_COPIES > 1 ? HOP_CHUNKS : 1];
-// All threads, once at the start: the map rows of this block's multiprocessor.
+// The chunks of the block's copy (its own L2 partition's), as each chunk's shift: its chunk j is chunk
+// j + kog_hop_shift[j] of P->hop. The two copies' chunks pair up: the other copy's chunk j is the
+// neighbour of this one's in their 8 KB (the host maps the hop space so: engine/backends/l2_sides.py).
+__shared__ short kog_hop_shift[HOP_COPIES > 1 ? HOP_CHUNKS : 1];
+// All threads, once at the start: the map row of this block's multiprocessor.
 __device__ __forceinline__ void hop_map_load(const Ctx& c) {
     if (HOP_COPIES == 1) return;
-    const int near = c.P->sm_side[kog_sm_id() & 255];
-    for (int j = c.tid; j < HOP_CHUNKS; j += NTHR)
-        kog_hop_shift[0][j] = (short)(c.P->hop_map[near * HOP_CHUNKS + j] - j),
-        kog_hop_shift[1][j] = (short)(c.P->hop_map[(1 - near) * HOP_CHUNKS + j] - j);
+    const unsigned short* row = c.P->hop_map + c.P->sm_side[kog_sm_id() & 255] * HOP_CHUNKS;
+    for (int j = c.tid; j < HOP_CHUNKS; j += NTHR) kog_hop_shift[j] = (short)(row[j] - j);
 }
-// Word v of the hop space: in the copy the block polls (copy 0), or in the other one (copy 1).
-__device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v, int copy = 0) {
+// Word v of the hop space, in the copy the block polls.
+__device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v) {
     if (HOP_COPIES == 1) return c.P->hop + v;
-    return c.P->hop + (v + kog_hop_shift[copy][(unsigned)v / HOP_CHUNK] * HOP_CHUNK);
+    return c.P->hop + (v + kog_hop_shift[(unsigned)v / HOP_CHUNK] * HOP_CHUNK);
+}
+// The same word in the other copy: the paired chunk's.
+__device__ __forceinline__ kog_u64* hop_other(kog_u64* p) {
+    return reinterpret_cast<kog_u64*>(reinterpret_cast<unsigned long long>(p) ^ (HOP_CHUNK * 8));
 }
 // Publish word v of a tagged vector, in every copy.
 __device__ __forceinline__ void hop_st_tagged(const Ctx& c, int v, float x, unsigned tag) {
-    kog_st_tagged(hop_word(c, v), x, tag);
-    if (HOP_COPIES > 1) kog_st_tagged(hop_word(c, v, 1), x, tag);
+    kog_u64* const p = hop_word(c, v);
+    kog_st_tagged(p, x, tag);
+    if (HOP_COPIES > 1) kog_st_tagged(hop_other(p), x, tag);
 }
 // Add to summed word v (decode_sync.cuh's summed words), in every copy: each copy gets every add.
 __device__ __forceinline__ void hop_red_add(const Ctx& c, int v, kog_u64 d) {
-    kog_red_add_u64(hop_word(c, v), d);
-    if (HOP_COPIES > 1) kog_red_add_u64(hop_word(c, v, 1), d);
+    kog_u64* const p = hop_word(c, v);
+    kog_red_add_u64(p, d);
+    if (HOP_COPIES > 1) kog_red_add_u64(hop_other(p), d);
 }
 
 // ---- tagged vectors ----------------------------------------------------------------------

@@ -43,10 +43,10 @@ class HopSpace:
         return self.arena.get()[self.host_map[copy][v // CHUNK_WORDS].astype(np.int64) * CHUNK_WORDS + v % CHUNK_WORDS]
 
 
-def _chunk_aligned_zeros(cp, chunks: int):
-    """A zeroed array of `chunks` whole chunks (uint64 words), starting on a chunk."""
-    raw = cp.zeros((chunks + 1) * CHUNK_WORDS, dtype=cp.uint64)
-    skip = (-raw.data.ptr // 8) % CHUNK_WORDS
+def _chunk_aligned_zeros(cp, chunks: int, align: int = 1):
+    """A zeroed array of `chunks` whole chunks (uint64 words), starting on a multiple of `align` chunks."""
+    raw = cp.zeros((chunks + align) * CHUNK_WORDS, dtype=cp.uint64)
+    skip = (-raw.data.ptr // 8) % (align * CHUNK_WORDS)
     return raw[skip : skip + chunks * CHUNK_WORDS]
 
 
@@ -114,23 +114,28 @@ def _sm_sides(cp, kernel, nsm: int) -> np.ndarray | None:
 
 def hop_space(cp, module, words: int, copies: int, nsm: int) -> HopSpace:
     """The decode kernel's hop space of `words` words in `copies` copies, placed by partition where the
-    GPU shows two (module: kernels/l2_sides.cu's)."""
+    GPU shows two (module: kernels/l2_sides.cu's). With two copies their chunks pair up, as the kernel
+    reads them: copy 1's chunk j is copy 0's neighbour in their 8 KB (chunk ^ 1), so that a store finds the
+    other copy's word without a second lookup; on H200 every 8 KB holds one chunk of each partition."""
     chunks = (words + CHUNK_WORDS - 1) // CHUNK_WORDS
     kernel = module.get_function("kog_l2_round_trips")
     kernel.max_dynamic_shared_size_bytes = ONE_PER_SM
     sm_side = _sm_sides(cp, kernel, nsm) if copies == 2 else None
-    total = copies * chunks + (16 if sm_side is not None else 0)  # room for the sides' unequal shares
-    arena = _chunk_aligned_zeros(cp, total)
-    host_map = np.arange(copies * chunks, dtype=np.uint16).reshape(copies, chunks)
+    spare = 16 if sm_side is not None else 0  # pairs not split between the partitions, if any
+    total = copies * (chunks + spare)
+    arena = _chunk_aligned_zeros(cp, total, align=copies)
+    pairs = np.arange(chunks) * copies
+    host_map = np.stack([pairs + k for k in range(copies)]).astype(np.uint16)
     sided = False
     if sm_side is not None:
         mapped = _chunk_sides(cp, kernel, arena, total)
         if mapped is not None:
             sides, ref_sm = mapped
-            sides = np.where(sides < 0, -1, sides ^ int(sm_side[ref_sm % SM_IDS]))  # seen from side 0
-            by_side = [np.flatnonzero(sides == s)[:chunks] for s in (0, 1)]
-            if min(len(by_side[0]), len(by_side[1])) == chunks:
-                host_map = np.stack(by_side).astype(np.uint16)
+            first = sides[0::2] ^ int(sm_side[ref_sm % SM_IDS])  # each pair's first chunk's side, seen from side 0
+            split = np.flatnonzero((sides[0::2] >= 0) & (sides[1::2] >= 0) & (sides[0::2] != sides[1::2]))[:chunks]
+            if len(split) == chunks:
+                side0 = 2 * split + first[split]  # the chunk of each pair on side 0
+                host_map = np.stack([side0, side0 ^ 1]).astype(np.uint16)
                 sided = True
     if not sided:
         sm_side = np.zeros(SM_IDS, dtype=np.uint8)
