@@ -70,8 +70,7 @@ static_assert(MERGE_CHW >= 1, "room to stage the attention records");
 
 // The maximum Mx of all nbc records' maxima, and L, the records' sums weighted by exp(max - Mx)
 // (a wave of records a round trip; every warp of a head the same, in the same order).
-__device__ __forceinline__ bool merge_max_sum(const Ctx& c, int pr0, int nbc, unsigned tag, float& Mx, float& L) {
-    constexpr int CS = G * REC_W;
+__device__ __forceinline__ bool merge_max_sum(const Ctx& c, int r0, int nbc, unsigned tag, float& Mx, float& L) {
     bool ok = true;
     Mx = -KOG_INF, L = 0.f;
     for (int j0 = 0; j0 < nbc; j0 += KOG_WAVE) {
@@ -79,7 +78,7 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, int pr0, int nbc, un
         const bool has = j < nbc;
         // the max and sum as one 16-byte load (bench/sync_probe.py: a line in flight loaded again costs ~0.3 us)
         ulonglong2 w = {0, 0};
-        const kog_u64* const ms = hop_word(c, pr0 + (has ? j : 0) * CS + D);
+        const kog_u64* const ms = hop_word(c, rec_at(r0 + (has ? j : 0) * G) + D);
         if (has) w = kog_ld_tagged2(ms);
         ok &= settle_tagged(c, w, ms, tag, has);
         const float mj = has ? kog_value_of(w.x) : -KOG_INF, lj = has ? kog_value_of(w.y) : 0.f;
@@ -92,7 +91,7 @@ __device__ __forceinline__ bool merge_max_sum(const Ctx& c, int pr0, int nbc, un
 
 // One record of a head into o, weighted by exp(its max - Mx), from its words as loaded (x: the
 // values a lane reads, wm: the max); a record loaded before it was published is gathered again.
-__device__ __forceinline__ bool merge_record(const Ctx& c, int rec, kog_u64 wm, const kog_u64 (&x)[DL],
+__device__ __forceinline__ bool merge_record(const Ctx& c, const kog_u64* rec, kog_u64 wm, const kog_u64 (&x)[DL],
                                              unsigned tag, float Mx, float (&o)[DL]) {
     float v[DL];
     bool fresh = tag_ready(wm, tag), ok = true;
@@ -103,8 +102,8 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, int rec, kog_u64 wm, 
     }
     if (!kog_wave_all(fresh)) {
         if (!kog_wave_all(tag_ready(wm, tag))) {  // (a settled max is not loaded again)
-            wm = kog_ld_tagged(hop_word(c, rec + D));
-            ok = settle_tagged(c, wm, hop_word(c, rec + D), tag);
+            wm = kog_ld_tagged(rec + D);
+            ok = settle_tagged(c, wm, rec + D, tag);
         }
         ok = ok && gather_tagged_lane<DL>(c, v, rec, tag);
     }
@@ -120,8 +119,9 @@ __device__ __forceinline__ bool merge_record(const Ctx& c, int rec, kog_u64 wm, 
 // its values took two: Qwen2.5 +1.1%, Llama +0.5%, PERF.md session 51), stages them in shared memory,
 // and the head's first warp weights them in order (deterministic, and the same sums as att_merge's
 // staged path, bit for bit). All threads of the unit: `rec` this warp's record (`has`), `first` the
-// head's first warp (its records follow in `scratch`), `out` the merged head (hop words).
-__device__ bool att_merge_whole(const Ctx& c, int rec, bool has, bool first, int nbc, int out, unsigned tag, float* scratch) {
+// head's first warp (its records follow in `scratch`), `out` the merged head (a row of the hop space).
+__device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool first, int nbc, kog_u64* out, unsigned tag,
+                                float* scratch) {
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
     const int lane = c.lane;
     bool ok = true;
@@ -131,8 +131,8 @@ __device__ bool att_merge_whole(const Ctx& c, int rec, bool has, bool first, int
         kog_u64 t0 = 0;
         for (int it = 1;; ++it) {
 #pragma unroll
-            for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(hop_word(c, rec + lane + 32 * i));
-            ms = kog_ld_tagged2(hop_word(c, rec + D));
+            for (int i = 0; i < DL; ++i) x[i] = kog_ld_tagged(rec + lane + 32 * i);
+            ms = kog_ld_tagged2(rec + D);
             bool fresh = tag_ready(ms.x, tag) && tag_ready(ms.y, tag);
 #pragma unroll
             for (int i = 0; i < DL; ++i) fresh &= tag_ready(x[i], tag);
@@ -163,7 +163,7 @@ __device__ bool att_merge_whole(const Ctx& c, int rec, bool has, bool first, int
             for (int i = 0; i < DL; ++i) o[i] = o[i] + __fmul_rn(wt, st[j * RS + lane + 32 * i]);
         }
 #pragma unroll
-        for (int i = 0; i < DL; ++i) hop_st_tagged(c, out + lane + 32 * i, o[i] / L, tag);
+        for (int i = 0; i < DL; ++i) hop_store(out + lane + 32 * i, o[i] / L, tag);
     }
     return ok;
 }
@@ -171,7 +171,6 @@ __device__ bool att_merge_whole(const Ctx& c, int rec, bool has, bool first, int
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
 // heads it owns into the attention's output (HV_ATTN). `scratch`: NW * (D + 2) floats of shared memory, free here.
 __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
-    constexpr int CS = G * REC_W;  // one unit's records
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
     const int nh = bc < gh ? (gh - 1 - bc) / nbc + 1 : 0;  // heads bc, bc + nbc, ... (block-uniform)
     if (nh == 0) return true;
@@ -183,11 +182,11 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
             for (int i = 0; i < DL; ++i) hop_st_tagged(c, HV_ATTN + (g * G + h) * D + lane + 32 * i, 0.f, tag);
         return true;
     }
-    const int pr0 = HV_PART + (g * MAXCH * G + h) * REC_W;  // unit 0's record of head h
+    const int r0 = g * MAXCH * G + h;  // unit 0's record of head h (unit j's: r0 + j G)
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
     if (chunk == 1)
-        return att_merge_whole(c, pr0 + jlo * CS, merging && jlo < jhi, merging && part == 0, nbc,
-                               HV_ATTN + (g * G + h) * D, tag, scratch);
+        return att_merge_whole(c, hop_word(c, rec_at(r0 + (merging && jlo < jhi ? jlo : 0) * G)), merging && jlo < jhi,
+                               merging && part == 0, nbc, hop_word(c, HV_ATTN + (g * G + h) * D), tag, scratch);
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
 #pragma unroll
@@ -198,16 +197,16 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
             const int m = min(MERGE_CHW, jhi - jb);
             for (int q = lane; q < m * (RS / 2); q += KOG_WAVE) {  // 16 bytes: two words
                 const int k = q / (RS / 2), e = 2 * (q - k * (RS / 2));
-                kog_cp_async16(stage + k * RS + e, hop_word(c, pr0 + (jb + k) * CS + e));
+                kog_cp_async16(stage + k * RS + e, hop_word(c, rec_at(r0 + (jb + k) * G)) + e);
             }
-            if (jb == jlo) ok &= merge_max_sum(c, pr0, nbc, tag, Mx, L);  // while the first round's copies fly
+            if (jb == jlo) ok &= merge_max_sum(c, r0, nbc, tag, Mx, L);  // while the first round's copies fly
             kog_cp_async_wait();  // also waits for this warp's ring refills in flight (groups complete in order)
             kog_wave_sync();
             for (int k = 0; k < m; ++k) {
                 kog_u64 x[DL];
 #pragma unroll
                 for (int i = 0; i < DL; ++i) x[i] = stage[k * RS + lane + 32 * i];
-                ok &= merge_record(c, pr0 + (jb + k) * CS, stage[k * RS + D], x, tag, Mx, o);
+                ok &= merge_record(c, hop_word(c, rec_at(r0 + (jb + k) * G)), stage[k * RS + D], x, tag, Mx, o);
             }
             kog_wave_sync();  // the stage is refilled next round
         }
@@ -223,9 +222,9 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
         for (int p = 0; p < wph; ++p)
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] += scratch[(c.warp + p) * (D + 2) + lane + 32 * i];
-        const int out = HV_ATTN + (g * G + h) * D;
+        kog_u64* const out = hop_word(c, HV_ATTN + (g * G + h) * D);
 #pragma unroll
-        for (int i = 0; i < DL; ++i) hop_st_tagged(c, out + lane + 32 * i, o[i] / L, tag);
+        for (int i = 0; i < DL; ++i) hop_store(out + lane + 32 * i, o[i] / L, tag);
     }
     return ok;
 }
@@ -330,9 +329,9 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
         if (KOG_EXP == 6) {  // timing only: whatever the words hold now (what the q/k/v hop costs the attention)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) v[i] = kog_value_of(kog_ld_tagged(hop_word(c, HV_QKV + row0 + lane + 32 * i)));
+            for (int i = 0; i < DL; ++i) v[i] = kog_value_of(kog_ld_tagged(hop_word(c, HV_QKV + row0) + lane + 32 * i));
         } else {
-            ok = gather_tagged_lane<DL>(c, v, HV_QKV + row0, epoch_qkv);
+            ok = gather_tagged_lane<DL>(c, v, hop_word(c, HV_QKV + row0), epoch_qkv);
         }
         trace_att(c, l, u, 1);
         if (warp == gh + 1) {
@@ -423,14 +422,14 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
         }
         if (nbc == 1) {
-            const int attn_out = HV_ATTN + (g * G + h0 + warp) * D;
+            kog_u64* const attn_out = hop_word(c, HV_ATTN + (g * G + h0 + warp) * D);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) hop_st_tagged(c, attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+            for (int i = 0; i < DL; ++i) hop_store(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
         } else {  // this unit's record of the head, for the units that merge
-            const int pr = HV_PART + ((g * MAXCH + bc) * G + h0 + warp) * REC_W;
+            kog_u64* const pr = hop_word(c, rec_at((g * MAXCH + bc) * G + h0 + warp));
 #pragma unroll
-            for (int i = 0; i < DL; ++i) hop_st_tagged(c, pr + lane + 32 * i, o[i], epoch_qkv + 1);
-            if (lane == 0) hop_st_tagged(c, pr + D, M, epoch_qkv + 1), hop_st_tagged(c, pr + D + 1, Ls, epoch_qkv + 1);
+            for (int i = 0; i < DL; ++i) hop_store(pr + lane + 32 * i, o[i], epoch_qkv + 1);
+            if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
         }
     }
     if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
@@ -454,7 +453,6 @@ __device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (g
 // All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
     using T = Tagged<QD>;
-    constexpr int RS = REC_W;  // a record: D values, max, sum (and the padding)
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
@@ -467,10 +465,13 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) {
                 const int e = 2 * (c.tid + k * NTHR), hh = e / D, d = e - hh * D;  // query head hh, dims d, d + 1
-                const int r0 = HV_PART + (hh / G * MAXCH * G + hh % G) * RS;  // unit 0's record
+                const int r0 = hh / G * MAXCH * G + hh % G;  // unit 0's record (unit u's: r0 + u G)
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
-                    if (u < nbc) vw[k][u] = kog_ld_tagged2(hop_word(c, r0 + u * G * RS + d)), sw[k][u] = kog_ld_tagged2(hop_word(c, r0 + u * G * RS + D));
+                    if (u < nbc) {
+                        const kog_u64* const rec = hop_word(c, rec_at(r0 + u * G));
+                        vw[k][u] = kog_ld_tagged2(rec + d), sw[k][u] = kog_ld_tagged2(rec + D);
+                    }
             }
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)

@@ -268,18 +268,26 @@ static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_S
 // into both copies (a store does not wait for its round trip) and a consumer polls its own partition's.
 // The probe's all-to-all hop of 576 words: 884 ns in one copy, 762 ns polled near (902 polled far).
 // Words of a vector that a consumer loads together (16-byte pairs, a record's max and sum) never straddle
-// a chunk: vectors start on whole lines, pairs on even words.
+// a chunk: vectors start on whole lines, pairs on even words; nor do the rows below.
 constexpr int HOP_COPIES = KOG_HOP_COPIES;
 static_assert(HOP_COPIES == 1 || HOP_COPIES == 2, "one copy of the hop space, or one per L2 partition");
 constexpr int HOP_CHUNK = 512;  // words (4 KB) of a chunk: the grain of the partitions' address map
 __host__ __device__ constexpr int whole_lines(int words) { return (words + 15) / 16 * 16; }  // (16 words a 128-byte line)
+__host__ __device__ constexpr int whole_chunks(int words) { return (words + HOP_CHUNK - 1) / HOP_CHUNK * HOP_CHUNK; }
+// A row a consumer reads from its first word's address (a head's q, k, v or attention output, a record) lies in
+// one chunk: q/k/v and the attention's output start on a chunk, and the records are packed whole into chunks.
+static_assert(HOP_COPIES == 1 || HOP_CHUNK % D == 0, "a head's row in one chunk (cuda.py: one copy for other head sizes)");
+constexpr int REC_PER_CHUNK = HOP_CHUNK / REC_W;
+constexpr int NREC = NKV * MAXCH * G;  // records: [kv head][unit][query head]
 constexpr int HV_X = 0;  // where each vector starts: the residual stream (tagged) ...
-constexpr int HV_QKV = HV_X + whole_lines(H);
-constexpr int HV_ATTN = HV_QKV + whole_lines(NQKV);
-constexpr int HV_PART = HV_ATTN + whole_lines(QD);  // the attention units' records, [kv head][unit][head][REC_W]
-constexpr int HV_ACT = HV_PART + whole_lines(NKV * MAXCH * G * REC_W);  // SiLU(gate)*up
+constexpr int HV_QKV = whole_chunks(HV_X + H);
+constexpr int HV_ATTN = whole_chunks(HV_QKV + NQKV);
+constexpr int HV_PART = whole_chunks(HV_ATTN + QD);  // the attention units' records
+constexpr int HV_ACT = HV_PART + (NREC + REC_PER_CHUNK - 1) / REC_PER_CHUNK * HOP_CHUNK;  // SiLU(gate)*up
 constexpr int HV_XSUM = HV_ACT + whole_lines(INTER);  // DN_SPLIT > 1: the residual stream as summed words
 constexpr int HOP_WORDS = HV_XSUM + whole_lines(DN_SPLIT > 1 ? H : 0);
+// Record r's first word (r: (kv head x MAXCH + unit) x G + query head).
+__host__ __device__ constexpr int rec_at(int r) { return HV_PART + r / REC_PER_CHUNK * HOP_CHUNK + r % REC_PER_CHUNK * REC_W; }
 constexpr int HOP_CHUNKS = (HOP_WORDS + HOP_CHUNK - 1) / HOP_CHUNK;
 constexpr int MAXSTOP = 64;         // stop ids at most
 constexpr int FLAGS = 8 * KOG_WAVE;  // flag words the host allocates: a wave polls them all in one round trip

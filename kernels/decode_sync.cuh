@@ -194,12 +194,13 @@ __device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v) {
 __device__ __forceinline__ kog_u64* hop_other(kog_u64* p) {
     return reinterpret_cast<kog_u64*>(reinterpret_cast<unsigned long long>(p) ^ (HOP_CHUNK * 8));
 }
-// Publish word v of a tagged vector, in every copy.
-__device__ __forceinline__ void hop_st_tagged(const Ctx& c, int v, float x, unsigned tag) {
-    kog_u64* const p = hop_word(c, v);
+// Publish a tagged word, found in the block's copy as p, in every copy.
+__device__ __forceinline__ void hop_store(kog_u64* p, float x, unsigned tag) {
     kog_st_tagged(p, x, tag);
     if (HOP_COPIES > 1) kog_st_tagged(hop_other(p), x, tag);
 }
+// Publish word v of a tagged vector, in every copy.
+__device__ __forceinline__ void hop_st_tagged(const Ctx& c, int v, float x, unsigned tag) { hop_store(hop_word(c, v), x, tag); }
 // Add to summed word v (decode_sync.cuh's summed words), in every copy: each copy gets every add.
 __device__ __forceinline__ void hop_red_add(const Ctx& c, int v, kog_u64 d) {
     kog_u64* const p = hop_word(c, v);
@@ -368,17 +369,17 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned ta
     return true;
 }
 
-// One thread: n values at hop words src + STRIDE i once they carry `tag` (every load of a round in flight
-// together; every lane of the wave calls it, as every tagged wait: see poll_again).
+// One thread: n values at src[STRIDE i] (words of a row, in one chunk) once they carry `tag` (every load of a
+// round in flight together; every lane of the wave calls it, as every tagged wait: see poll_again).
 template <int n, int STRIDE>
-__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], int src, unsigned tag) {
+__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
     unsigned pending = (1u << n) - 1;
     kog_u64 t0 = 0;
     for (int it = 1;; ++it) {
         kog_u64 w[n];
 #pragma unroll
         for (int i = 0; i < n; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(hop_word(c, src + STRIDE * i));
+            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + STRIDE * i);
 #pragma unroll
         for (int i = 0; i < n; ++i)
             if (((pending >> i) & 1u) && tag_ready(w[i], tag)) {
@@ -391,9 +392,9 @@ __device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], int src, unsi
     return true;
 }
 
-// One lane: n values at hop words src + lane + 32 i once they carry `tag`.
+// One lane: n values at src[lane + 32 i] (a row) once they carry `tag`.
 template <int n>
-__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], int src, unsigned tag) {
+__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
     return gather_tagged_strided<n, KOG_WAVE>(c, v, src + c.lane, tag);
 }
 

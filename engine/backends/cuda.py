@@ -105,6 +105,8 @@ def shape_defines(c, nblk: int, tied: bool) -> dict[str, str]:
         "KOG_SCALE": f32(1.0 / np.sqrt(c.head_dim)),
         "KOG_NBLK": str(nblk),
         "KOG_TIED": str(int(tied)),
+        # the hop space's two copies need a head's row in one 4 KB chunk (kernels: HOP_CHUNK)
+        "KOG_HOP_COPIES": "2" if 512 % c.head_dim == 0 else "1",
     }
 
 
