@@ -459,6 +459,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
         if (T::has(c.tid, k)) pending |= 1u << k;
     kog_u64 t0 = 0;
     bool ok = true;
+    kog_u64* const hop = c.P->hop;
     for (int it = 1;; ++it) {
         ulonglong2 vw[T::NV][cmax(CM_MAX, 1)], sw[T::NV][cmax(CM_MAX, 1)];
 #pragma unroll
@@ -469,7 +470,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
                     if (u < nbc) {
-                        const kog_u64* const rec = hop_word(c, rec_at(r0 + u * G));
+                        const kog_u64* const rec = hop_word(hop, rec_at(r0 + u * G));
                         vw[k][u] = kog_ld_tagged2(rec + d), sw[k][u] = kog_ld_tagged2(rec + D);
                     }
             }

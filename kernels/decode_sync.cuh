@@ -185,11 +185,13 @@ __device__ __forceinline__ void hop_map_load(const Ctx& c) {
     const unsigned short* row = c.P->hop_map + c.P->sm_side[kog_sm_id() & 255] * HOP_CHUNKS;
     for (int j = c.tid; j < HOP_CHUNKS; j += NTHR) kog_hop_shift[j] = (short)(row[j] - j);
 }
-// Word v of the hop space, in the copy the block polls.
-__device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v) {
-    if (HOP_COPIES == 1) return c.P->hop + v;
-    return c.P->hop + (v + kog_hop_shift[(unsigned)v / HOP_CHUNK] * HOP_CHUNK);
+// Word v of the hop space (at `hop`: P->hop, loaded once before a poll loop, whose loads' memory clobbers
+// would load it again each round), in the copy the block polls.
+__device__ __forceinline__ kog_u64* hop_word(kog_u64* hop, int v) {
+    if (HOP_COPIES == 1) return hop + v;
+    return hop + (v + kog_hop_shift[(unsigned)v / HOP_CHUNK] * HOP_CHUNK);
 }
+__device__ __forceinline__ kog_u64* hop_word(const Ctx& c, int v) { return hop_word(c.P->hop, v); }
 // The same word in the other copy: the paired chunk's.
 __device__ __forceinline__ kog_u64* hop_other(kog_u64* p) {
     return reinterpret_cast<kog_u64*>(reinterpret_cast<unsigned long long>(p) ^ (HOP_CHUNK * 8));
@@ -331,11 +333,12 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned ta
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k)) pending |= 1u << k;
     kog_u64 t0 = 0;
+    kog_u64* const hop = c.P->hop;
     for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
         ulonglong2 w[T::NV];
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(c, src + 2 * (c.tid + k * NTHR)));
+            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(hop, src + 2 * (c.tid + k * NTHR)));
         const auto take = [&](int k) {  // pair k is ready: its values out
             out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
             W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
