@@ -181,6 +181,30 @@ def test_prefill_in_two_parts_matches_one_pass(model):
     assert _rel(whole, cref) < 1e-4
 
 
+def test_hop_copies_are_near_their_pollers(model):
+    """H100/H200: the hop space's two copies lie on the two L2 partitions, and every multiprocessor's own copy
+    (the one its block polls) answers its round trips sooner than the other copy, timed afresh."""
+    from engine.backends.l2_sides import CHUNK_LINES, MIN_GAP, round_trip_kernel, round_trips
+
+    gpu = model["gpu"]
+    if not any(n in gpu.device_name for n in ("H100", "H200")):
+        pytest.skip("the two L2 partitions are mapped on H100/H200")
+    hop = gpu.hop
+    assert hop.sided and gpu.kernel_info["hop_copies"] == 2
+    cp, n = gpu.cp, 4
+    chunks = hop.host_map.shape[1]
+    k = np.arange(gpu.nsm * n)
+    idx = np.concatenate([(hop.host_map[c][k % chunks].astype(np.int64) * CHUNK_LINES + (7 * k) % CHUNK_LINES)
+                          .reshape(gpu.nsm, n) for c in (0, 1)], axis=1)
+    with gpu.device:
+        lat, sms = round_trips(cp, round_trip_kernel(gpu.l2mod), hop.arena, idx, gpu.nsm)
+    side = hop.sm_side.get()[sms]
+    own = np.where(side == 0, lat[:, :n].mean(axis=1), lat[:, n:].mean(axis=1))
+    other = np.where(side == 0, lat[:, n:].mean(axis=1), lat[:, :n].mean(axis=1))
+    print(f"  round trips: own copy {own.mean():.0f} cycles, the other {other.mean():.0f}")
+    assert (own + MIN_GAP < other).all()
+
+
 def test_decode_step_matches(model):
     """One kernel forward: its logits and the K/V it appends, against transformers and prefill. (A
     repetition penalty makes the LM head compute every logit: greedy decoding without one may screen

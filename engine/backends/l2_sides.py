@@ -50,7 +50,14 @@ def _chunk_aligned_zeros(cp, chunks: int, align: int = 1):
     return raw[skip : skip + chunks * CHUNK_WORDS]
 
 
-def _round_trips(cp, kernel, lines, idx: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
+def round_trip_kernel(module):
+    """kernels/l2_sides.cu's timing kernel, from its module, set to take one multiprocessor a block."""
+    kernel = module.get_function("kog_l2_round_trips")
+    kernel.max_dynamic_shared_size_bytes = ONE_PER_SM
+    return kernel
+
+
+def round_trips(cp, kernel, lines, idx: np.ndarray, blocks: int) -> tuple[np.ndarray, np.ndarray]:
     """Cycles a round trip to each line of idx ([blocks, n] line numbers), from one block a multiprocessor,
     and each block's multiprocessor."""
     n = idx.shape[1]
@@ -77,7 +84,7 @@ def _chunk_sides(cp, kernel, arena, nchunks: int) -> tuple[np.ndarray, int] | No
     """Each chunk's side as seen from one multiprocessor (0 near, 1 far, -1 its lines disagree), and that
     multiprocessor's %smid; None where no two levels show."""
     idx = (np.arange(nchunks)[:, None] * CHUNK_LINES + np.array(SAMPLED_LINES)[None, :]).reshape(1, -1)
-    lat, sms = _round_trips(cp, kernel, arena, idx, 1)
+    lat, sms = round_trips(cp, kernel, arena, idx, 1)
     near, far = _near_far(lat)
     if far - near < MIN_GAP:
         return None
@@ -101,7 +108,7 @@ def _sm_sides(cp, kernel, nsm: int) -> np.ndarray | None:
     k = np.arange(nsm * SM_LINES)
     idx = np.concatenate([(by_side[s][k % len(by_side[s])] * CHUNK_LINES + (k // len(by_side[s])) % CHUNK_LINES)
                           .reshape(nsm, SM_LINES) for s in (0, 1)], axis=1)
-    lat, sms = _round_trips(cp, kernel, probe, idx, nsm)
+    lat, sms = round_trips(cp, kernel, probe, idx, nsm)
     gap = lat[:, SM_LINES:].mean(axis=1) - lat[:, :SM_LINES].mean(axis=1)  # far side minus the mapper's side
     if (np.abs(gap) < MIN_GAP).any() or len(np.unique(sms)) != nsm or ref_sm not in sms:
         return None
@@ -112,14 +119,26 @@ def _sm_sides(cp, kernel, nsm: int) -> np.ndarray | None:
     return out
 
 
+def paired_map(sides: np.ndarray, mapper_side: int, chunks: int) -> np.ndarray | None:
+    """[2, chunks] uint16: the chunks of the two copies, copy k's on side k, pair by pair (chunks 2i and 2i + 1
+    on different sides: copy 1's chunk is copy 0's ^ 1), from each chunk's side as the multiprocessor that
+    timed them saw it (0 near, 1 far, -1 unclear) and that multiprocessor's side; None where too few pairs
+    are split."""
+    a, b = sides[0::2], sides[1::2]
+    split = np.flatnonzero((a >= 0) & (b >= 0) & (a != b))[:chunks]
+    if len(split) < chunks:
+        return None
+    side0 = 2 * split + (a[split] ^ mapper_side)  # the pair's chunk on side 0: the first where it is on side 0
+    return np.stack([side0, side0 ^ 1]).astype(np.uint16)
+
+
 def hop_space(cp, module, words: int, copies: int, nsm: int) -> HopSpace:
     """The decode kernel's hop space of `words` words in `copies` copies, placed by partition where the
     GPU shows two (module: kernels/l2_sides.cu's). With two copies their chunks pair up, as the kernel
     reads them: copy 1's chunk j is copy 0's neighbour in their 8 KB (chunk ^ 1), so that a store finds the
     other copy's word without a second lookup; on H200 every 8 KB holds one chunk of each partition."""
     chunks = (words + CHUNK_WORDS - 1) // CHUNK_WORDS
-    kernel = module.get_function("kog_l2_round_trips")
-    kernel.max_dynamic_shared_size_bytes = ONE_PER_SM
+    kernel = round_trip_kernel(module)
     sm_side = _sm_sides(cp, kernel, nsm) if copies == 2 else None
     spare = 16 if sm_side is not None else 0  # pairs not split between the partitions, if any
     total = copies * (chunks + spare)
@@ -131,12 +150,9 @@ def hop_space(cp, module, words: int, copies: int, nsm: int) -> HopSpace:
         mapped = _chunk_sides(cp, kernel, arena, total)
         if mapped is not None:
             sides, ref_sm = mapped
-            first = sides[0::2] ^ int(sm_side[ref_sm % SM_IDS])  # each pair's first chunk's side, seen from side 0
-            split = np.flatnonzero((sides[0::2] >= 0) & (sides[1::2] >= 0) & (sides[0::2] != sides[1::2]))[:chunks]
-            if len(split) == chunks:
-                side0 = 2 * split + first[split]  # the chunk of each pair on side 0
-                host_map = np.stack([side0, side0 ^ 1]).astype(np.uint16)
-                sided = True
+            paired = paired_map(sides, int(sm_side[ref_sm % SM_IDS]), chunks)
+            if paired is not None:
+                host_map, sided = paired, True
     if not sided:
         sm_side = np.zeros(SM_IDS, dtype=np.uint8)
     return HopSpace(arena=arena, hop_map=cp.asarray(host_map), sm_side=cp.asarray(sm_side), host_map=host_map,
