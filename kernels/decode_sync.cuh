@@ -203,7 +203,7 @@ __device__ __forceinline__ void hop_store(kog_u64* p, float x, unsigned tag) {
 }
 // Publish word v of a tagged vector, in every copy.
 __device__ __forceinline__ void hop_st_tagged(const Ctx& c, int v, float x, unsigned tag) { hop_store(hop_word(c, v), x, tag); }
-// Add to summed word v (decode_sync.cuh's summed words), in every copy: each copy gets every add.
+// Add to summed word v (the summed words below), in every copy: each copy gets every add.
 __device__ __forceinline__ void hop_red_add(const Ctx& c, int v, kog_u64 d) {
     kog_u64* const p = hop_word(c, v);
     kog_red_add_u64(p, d);

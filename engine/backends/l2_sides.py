@@ -29,7 +29,8 @@ SM_IDS = 256  # %smid values the kernel's table covers
 class HopSpace:
     """The decode kernel's hop space in `copies` copies of `chunks` chunks: `arena` (uint64 words, chunk
     aligned), `hop_map` ([copies, chunks] uint16: copy k's chunk j is chunk hop_map[k, j] of the arena) and
-    `sm_side` ([256] uint8: the copy a multiprocessor polls). `sided`: the copies lie on the two partitions."""
+    `sm_side` ([256] uint8: the copy a multiprocessor polls), on the device; `host_map`: hop_map on the host.
+    `sided`: the copies lie on the two partitions."""
 
     arena: object
     hop_map: object
