@@ -184,9 +184,11 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     }
     const int r0 = g * MAXCH * G + h;  // unit 0's record of head h (unit j's: r0 + j G)
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
-    if (chunk == 1)
-        return att_merge_whole(c, hop_word(c, rec_at(r0 + (merging && jlo < jhi ? jlo : 0) * G)), merging && jlo < jhi,
-                               merging && part == 0, nbc, hop_word(c, HV_ATTN + (g * G + h) * D), tag, scratch);
+    if (chunk == 1) {
+        const bool has = merging && jlo < jhi;  // (a warp without a record points at unit 0's: never read)
+        return att_merge_whole(c, hop_word(c, rec_at(r0 + (has ? jlo : 0) * G)), has, merging && part == 0, nbc,
+                               hop_word(c, HV_ATTN + (g * G + h) * D), tag, scratch);
+    }
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
 #pragma unroll

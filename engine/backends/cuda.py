@@ -33,7 +33,7 @@ from engine import rope
 from engine.backends import cuda_fault
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
-from engine.backends.l2_sides import hop_space
+from engine.backends.l2_sides import CHUNK_WORDS, hop_space
 from engine.backends.token_wait import TokenWait
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -106,7 +106,7 @@ def shape_defines(c, nblk: int, tied: bool) -> dict[str, str]:
         "KOG_NBLK": str(nblk),
         "KOG_TIED": str(int(tied)),
         # the hop space's two copies need a head's row in one 4 KB chunk (kernels: HOP_CHUNK)
-        "KOG_HOP_COPIES": "2" if 512 % c.head_dim == 0 else "1",
+        "KOG_HOP_COPIES": "2" if CHUNK_WORDS % c.head_dim == 0 else "1",
     }
 
 
