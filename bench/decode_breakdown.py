@@ -162,6 +162,7 @@ VARIANTS = {
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
+    "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
@@ -440,6 +441,16 @@ def ring_demand(be, t, layer: int) -> None:
     print("    refills issued per matrix, us from the last 'qkv ready' (5th percentile / median / 95th): " + "; ".join(cells))
 
 
+def poll_far_copy(be) -> None:
+    """Every block polls the hop space's copy on the other L2 partition (the control of the near copies)."""
+    if not be.hop.sided:
+        raise SystemExit("hop-far: this GPU's hop space is not laid out by partition")
+    be.hop.sm_side[:] = 1 - be.hop.sm_side
+
+
+HOST_CHANGES = {"hop-far": poll_far_copy}  # variants made on the built backend, not by defines
+
+
 def parse_versions(specs: list[str]) -> dict[str, Path]:
     """--version NAME=DIR (and --baseline DIR, the version named 'baseline') -> {name: dir}."""
     versions = {}
@@ -468,7 +479,11 @@ def build(lm, label: str, versions: dict[str, Path], context: int, traced_layer:
     if traced_layer is not None:
         defines["KOG_TRACE"] = str(TRACE_STEP)
         defines["KOG_TRACE_LAYER"] = str(traced_layer)
-    return CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
+    be = CudaBackend(lm, context + 512, defines=defines, kernel_dir=folders[0] if folders else None)
+    for part in parts:
+        if part in HOST_CHANGES:
+            HOST_CHANGES[part](be)
+    return be
 
 
 def check_label(label: str, versions: dict[str, Path]) -> str | None:

@@ -1,0 +1,228 @@
+"""Does a block stream weights faster from chunks homed in its own L2 partition? (timing only)
+
+Every 4 KB chunk of memory is homed in one of the H200's two L2 partitions, and a round trip to the far
+one takes ~200 cycles more (engine/backends/l2_sides.py maps them). The decode kernel's blocks stream their
+weight tiles from contiguous runs, so half of every block's bytes come from the far partition. If the same
+bytes streamed faster, or landed sooner, from the near one, a layout that puts each block's tiles on its
+own side's chunks (block roles assigned by %smid at launch) could raise the read ceiling or shorten each
+product's first granule. This probe maps the partitions' chunks of a 1 GiB buffer, then:
+
+1. Streams the buffer with one block a multiprocessor, each block reading a list of 4 KB chunks with
+   16-byte non-coherent loads, `depth` loads in flight a thread (512 threads), four ways that read the
+   same bytes: `runs` (each block a contiguous run: the kernel's layout), `stripes` (chunk c to block
+   c mod grid), `near` (each side's chunks split over that side's multiprocessors), `far` (over the other
+   side's). GB/s of the whole grid, median of several passes, alternating.
+2. Times cold lines (L2 flushed by streaming another buffer first): one lane a multiprocessor chains
+   dependent loads through lines of near chunks, then of far ones. Cycles a load.
+
+    python3 bench/side_stream_probe.py
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.backends.l2_sides import CHUNK_LINES, CHUNK_WORDS, ONE_PER_SM, SM_IDS, _near_far, _sm_sides, round_trip_kernel
+
+SOURCE = r"""
+typedef unsigned long long u64;
+__device__ __forceinline__ unsigned smid() { unsigned s; asm volatile("mov.u32 %0, %%smid;" : "=r"(s)); return s; }
+__device__ __forceinline__ uint4 ld_stream(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// The block on multiprocessor s reads chunks lists[starts[slot] ..][: counts[slot]] (slot = slot_of[s]), `reps`
+// times; 512 threads, two chunks a round, DEPTH rounds' loads in flight a thread. sink: keeps the loads.
+template <int DEPTH>
+__device__ void stream(const uint4* buf, const int* lists, const int* starts, const int* counts,
+                       const int* slot_of, int reps, unsigned* sink) {
+    const int slot = slot_of[smid()];
+    const int* list = lists + starts[slot];
+    const int n = counts[slot], half = threadIdx.x >> 8, lane = threadIdx.x & 255;
+    unsigned acc = 0;
+    for (int r = 0; r < reps; ++r)
+        for (int i = half; i < n; i += 2 * DEPTH) {
+            uint4 v[DEPTH];
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u) {
+                const int k = i + 2 * u;
+                v[u] = k < n ? ld_stream(buf + (long long)list[k] * 256 + lane) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < DEPTH; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+        }
+    if (acc == 0x9e3779b9u) sink[0] = acc;
+}
+extern "C" __global__ void stream4(const uint4* b, const int* l, const int* s, const int* c, const int* o, int r, unsigned* k) { stream<4>(b, l, s, c, o, r, k); }
+extern "C" __global__ void stream8(const uint4* b, const int* l, const int* s, const int* c, const int* o, int r, unsigned* k) { stream<8>(b, l, s, c, o, r, k); }
+extern "C" __global__ void stream16(const uint4* b, const int* l, const int* s, const int* c, const int* o, int r, unsigned* k) { stream<16>(b, l, s, c, o, r, k); }
+
+// Lane 0 of the block on multiprocessor s chains dependent loads (ld.global.cg: L2, not L1) through n lines
+// of near chunks, then n of far ones (lines[slot][0..2n), 16 words a line): cycles[slot][0..1] a load.
+extern "C" __global__ void cold_chain(const u64* buf, const int* lines, int n, const int* slot_of, u64 zero, unsigned* cycles) {
+    if (threadIdx.x) return;
+    const int slot = slot_of[smid()];
+    u64 v = 0;
+    for (int f = 0; f < 2; ++f) {
+        const int* my = lines + (long long)slot * 2 * n + f * n;
+        const long long t0 = clock64();
+        for (int i = 0; i < n; ++i) {
+            const u64* p = buf + 16ll * my[i] + (v & zero);
+            asm volatile("ld.global.cg.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+        }
+        cycles[slot * 2 + f] = (unsigned)((clock64() - t0) / n) + (v == 0x9e3779b9ull);
+    }
+}
+"""
+
+BUF_CHUNKS = 1 << 18  # 1 GiB of 4 KB chunks
+MAP_REPS = 4  # dependent atomics a mapped line
+PASSES = 4  # passes over the buffer a timed launch
+ROUNDS = 5  # timed launches of each layout, alternating
+CHAIN = 32  # cold lines chained a side
+
+
+def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndarray:
+    """The side (0/1, -1 unclear) of every chunk of the buffer: each block times one line of its share of
+    the chunks (block b: chunks b, b + nsm, ...), near or far from its own multiprocessor."""
+    per = BUF_CHUNKS // nsm
+    chunks = np.arange(per * nsm).reshape(per, nsm).T  # [block, i]
+    idx = chunks * CHUNK_LINES + 7
+    d_idx = cp.asarray(np.ascontiguousarray(idx, dtype=np.int32))
+    got_sms = cp.zeros(nsm, dtype=cp.uint32)
+    cycles = cp.zeros(nsm * per, dtype=cp.uint32)
+    kernel((nsm,), (32,), (buf_words, d_idx, np.int32(per), np.int32(MAP_REPS), np.uint64(0), got_sms, cycles),
+           shared_mem=ONE_PER_SM)
+    lat = cycles.get().reshape(nsm, per).astype(np.float64)
+    block_side = sm_side[got_sms.get() % SM_IDS].astype(np.int64)
+    out = np.full(BUF_CHUNKS, -1, dtype=np.int64)
+    for b in range(nsm):
+        near, far = _near_far(lat[b])
+        cut = (near + far) / 2
+        far_line = lat[b] >= cut
+        clear = np.abs(lat[b] - cut) > (far - near) / 4
+        out[chunks[b][clear]] = block_side[b] ^ far_line[clear]
+    return out
+
+
+def lists_for(assign: list[np.ndarray], sms_by_slot: np.ndarray):
+    """Device arrays of per-slot chunk lists (slot k runs on multiprocessor sms_by_slot[k])."""
+    counts = np.array([len(a) for a in assign], dtype=np.int32)
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    slot_of = np.zeros(SM_IDS, dtype=np.int32)
+    slot_of[sms_by_slot] = np.arange(len(sms_by_slot))
+    return np.concatenate(assign).astype(np.int32), starts, counts, slot_of
+
+
+def main() -> None:
+    import cupy as cp
+
+    from engine.backends.cuda import compile_kernels
+
+    dev = cp.cuda.Device()
+    nsm = dev.attributes["MultiProcessorCount"]
+    arch = f"{dev.compute_capability}"
+    l2mod = cp.RawModule(path=str(compile_kernels("l2_sides.cu", {}, arch)))
+    rt = round_trip_kernel(l2mod)
+    mod = cp.RawModule(code=SOURCE, options=("-std=c++17", f"--gpu-architecture=sm_{arch}"))
+    print(f"{dev.pci_bus_id}: {nsm} multiprocessors, arch sm_{arch}")
+
+    sm_side = _sm_sides(cp, rt, nsm)
+    if sm_side is None:
+        print("no two L2 partitions show on this GPU: nothing to probe")
+        return
+    # the multiprocessors that exist (one block each: which %smid values come up)
+    probe = cp.zeros(16 * CHUNK_WORDS, dtype=cp.uint64)
+    _, sms = _round_trip_sms(cp, rt, probe, nsm)
+    sms = np.sort(sms)
+    sides = sm_side[sms % SM_IDS].astype(np.int64)
+    print(f"multiprocessors by side: {np.sum(sides == 0)} / {np.sum(sides == 1)}")
+
+    buf = cp.zeros(BUF_CHUNKS * CHUNK_WORDS, dtype=cp.uint64)
+    buf[:] = cp.arange(buf.size, dtype=cp.uint64)
+    csides = chunk_sides(cp, rt, buf, sm_side, nsm)
+    n0, n1, nu = (csides == 0).sum(), (csides == 1).sum(), (csides == -1).sum()
+    print(f"chunks of 1 GiB by side: {n0} / {n1}, unclear {nu}; "
+          f"8 KB pairs split between the sides: {np.mean(csides[0::2] != csides[1::2]) * 100:.1f}%")
+
+    known = np.flatnonzero(csides >= 0)
+    by_side = [np.flatnonzero(csides == s) for s in (0, 1)]
+    sm_of_side = [sms[sides == s] for s in (0, 1)]
+    layouts = {}
+    per = len(known) // nsm
+    layouts["runs"] = lists_for([known[k * per:(k + 1) * per] for k in range(nsm)], sms)
+    layouts["stripes"] = lists_for([known[k::nsm] for k in range(nsm)], sms)
+    for name, flip in (("near", 0), ("far", 1)):
+        assign, order = [], []
+        for s in (0, 1):
+            mine = sm_of_side[s ^ flip]
+            assign += [by_side[s][k::len(mine)] for k in range(len(mine))]
+            order += list(mine)
+        layouts[name] = lists_for(assign, np.array(order))
+    dev_layouts = {k: tuple(cp.asarray(a) for a in v) for k, v in layouts.items()}
+    sink = cp.zeros(1, dtype=cp.uint32)
+    uint4_buf = buf.view(cp.uint32)
+    for depth in (4, 8, 16):
+        kernel = mod.get_function(f"stream{depth}")
+        kernel.max_dynamic_shared_size_bytes = ONE_PER_SM
+        times = {k: [] for k in layouts}
+        for _ in range(ROUNDS):
+            for name, (lists, starts, counts, slot_of) in dev_layouts.items():
+                a, b = cp.cuda.Event(), cp.cuda.Event()
+                a.record()
+                kernel((nsm,), (512,), (uint4_buf, lists, starts, counts, slot_of, np.int32(PASSES), sink),
+                       shared_mem=ONE_PER_SM)
+                b.record()
+                b.synchronize()
+                times[name].append(cp.cuda.get_elapsed_time(a, b) / 1e3)
+        cells = []
+        for name in layouts:
+            nbytes = int(layouts[name][2].sum()) * 4096 * PASSES
+            cells.append(f"{name} {nbytes / np.median(times[name]) / 1e9:,.0f}")
+        print(f"stream, {depth} x 16 B in flight a thread ({depth * 16 * 512 // 1024} KB a block), GB/s: " + "; ".join(cells))
+
+    # cold lines: flush L2 by streaming another 256 MB, then each multiprocessor chains near and far lines
+    flush = cp.ones(1 << 25, dtype=cp.uint64)
+    chain = mod.get_function("cold_chain")
+    chain.max_dynamic_shared_size_bytes = ONE_PER_SM
+    rng = np.random.default_rng(0)
+    res = []
+    for _ in range(3):
+        lines = np.zeros((nsm, 2, CHAIN), dtype=np.int32)
+        for k, sm in enumerate(sms):
+            s = sides[k]
+            for f in (0, 1):
+                pick = rng.choice(by_side[s ^ f], CHAIN, replace=False)
+                lines[k, f] = pick * CHUNK_LINES + rng.integers(0, CHUNK_LINES, CHAIN)
+        slot_of = np.zeros(SM_IDS, dtype=np.int32)
+        slot_of[sms] = np.arange(nsm)
+        cycles = cp.zeros(nsm * 2, dtype=cp.uint32)
+        float(flush.sum())
+        chain((nsm,), (32,), (buf, cp.asarray(lines), np.int32(CHAIN), cp.asarray(slot_of), np.uint64(0), cycles),
+              shared_mem=ONE_PER_SM)
+        res.append(cycles.get().reshape(nsm, 2))
+    c = np.concatenate(res)
+    print(f"cold line, cycles a dependent load (median over multiprocessors): near {np.median(c[:, 0]):.0f}, "
+          f"far {np.median(c[:, 1]):.0f}")
+
+
+def _round_trip_sms(cp, kernel, lines, nsm: int):
+    """The %smid of each of nsm blocks, one a multiprocessor (one round trip each)."""
+    idx = np.zeros((nsm, 1), dtype=np.int32)
+    d_idx = cp.asarray(idx)
+    sms = cp.zeros(nsm, dtype=cp.uint32)
+    cycles = cp.zeros(nsm, dtype=cp.uint32)
+    kernel((nsm,), (32,), (lines, d_idx, np.int32(1), np.int32(1), np.uint64(0), sms, cycles), shared_mem=ONE_PER_SM)
+    return cycles.get(), sms.get().astype(np.int64)
+
+
+if __name__ == "__main__":
+    main()
