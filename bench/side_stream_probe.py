@@ -27,7 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.backends.l2_sides import CHUNK_LINES, CHUNK_WORDS, ONE_PER_SM, SM_IDS, _near_far, _sm_sides, round_trip_kernel
+from engine.backends.l2_sides import (CHUNK_LINES, CHUNK_WORDS, ONE_PER_SM, SM_IDS, _near_far, _sm_sides, round_trip_kernel,
+                                      round_trips)
 
 SOURCE = r"""
 typedef unsigned long long u64;
@@ -84,7 +85,6 @@ extern "C" __global__ void cold_chain(const u64* buf, const int* lines, int n, c
 """
 
 BUF_CHUNKS = 1 << 18  # 1 GiB of 4 KB chunks
-MAP_REPS = 4  # dependent atomics a mapped line
 PASSES = 4  # passes over the buffer a timed launch
 ROUNDS = 5  # timed launches of each layout, alternating
 CHAIN = 32  # cold lines chained a side
@@ -95,14 +95,8 @@ def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndar
     the chunks (block b: chunks b, b + nsm, ...), near or far from its own multiprocessor."""
     per = BUF_CHUNKS // nsm
     chunks = np.arange(per * nsm).reshape(per, nsm).T  # [block, i]
-    idx = chunks * CHUNK_LINES + 7
-    d_idx = cp.asarray(np.ascontiguousarray(idx, dtype=np.int32))
-    got_sms = cp.zeros(nsm, dtype=cp.uint32)
-    cycles = cp.zeros(nsm * per, dtype=cp.uint32)
-    kernel((nsm,), (32,), (buf_words, d_idx, np.int32(per), np.int32(MAP_REPS), np.uint64(0), got_sms, cycles),
-           shared_mem=ONE_PER_SM)
-    lat = cycles.get().reshape(nsm, per).astype(np.float64)
-    block_side = sm_side[got_sms.get() % SM_IDS].astype(np.int64)
+    lat, got_sms = round_trips(cp, kernel, buf_words, chunks * CHUNK_LINES + 7, nsm)
+    block_side = sm_side[got_sms % SM_IDS].astype(np.int64)
     out = np.full(BUF_CHUNKS, -1, dtype=np.int64)
     for b in range(nsm):
         near, far = _near_far(lat[b])
@@ -141,8 +135,7 @@ def main() -> None:
         return
     # the multiprocessors that exist (one block each: which %smid values come up)
     probe = cp.zeros(16 * CHUNK_WORDS, dtype=cp.uint64)
-    _, sms = _round_trip_sms(cp, rt, probe, nsm)
-    sms = np.sort(sms)
+    sms = np.sort(round_trips(cp, rt, probe, np.zeros((nsm, 1), dtype=np.int32), nsm)[1].astype(np.int64))
     sides = sm_side[sms % SM_IDS].astype(np.int64)
     print(f"multiprocessors by side: {np.sum(sides == 0)} / {np.sum(sides == 1)}")
 
@@ -197,8 +190,7 @@ def main() -> None:
     res = []
     for _ in range(3):
         lines = np.zeros((nsm, 2, CHAIN), dtype=np.int32)
-        for k, sm in enumerate(sms):
-            s = sides[k]
+        for k, s in enumerate(sides):
             for f in (0, 1):
                 pick = rng.choice(by_side[s ^ f], CHAIN, replace=False)
                 lines[k, f] = pick * CHUNK_LINES + rng.integers(0, CHUNK_LINES, CHAIN)
@@ -212,16 +204,6 @@ def main() -> None:
     c = np.concatenate(res)
     print(f"cold line, cycles a dependent load (median over multiprocessors): near {np.median(c[:, 0]):.0f}, "
           f"far {np.median(c[:, 1]):.0f}")
-
-
-def _round_trip_sms(cp, kernel, lines, nsm: int):
-    """The %smid of each of nsm blocks, one a multiprocessor (one round trip each)."""
-    idx = np.zeros((nsm, 1), dtype=np.int32)
-    d_idx = cp.asarray(idx)
-    sms = cp.zeros(nsm, dtype=cp.uint32)
-    cycles = cp.zeros(nsm, dtype=cp.uint32)
-    kernel((nsm,), (32,), (lines, d_idx, np.int32(1), np.int32(1), np.uint64(0), sms, cycles), shared_mem=ONE_PER_SM)
-    return cycles.get(), sms.get().astype(np.int64)
 
 
 if __name__ == "__main__":
