@@ -123,7 +123,7 @@ VARIANTS = {
     "cm-3": {"KOG_CM": "3"},  # ... 2-3 units
     "cm-5": {"KOG_CM": "5"},  # ... 2-5 units
     "rec-pad-0": {"KOG_REC_PAD": "0"},  # the attention records in global memory packed (D + 2 words) / padded to
-    "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1)
+    "rec-pad-1": {"KOG_REC_PAD": "1"},  # whole 128-byte lines (the default pads by shape: KOG_REC_PAD -1, 2 where O merges the units)
     "rec-pad-2": {"KOG_REC_PAD": "2"},  # ... or to 2 D words, a power of two: packed into the hop space's chunks by shifts
     "att-early-0": {"KOG_ATT_EARLY": "0"},  # the first K/V tiles issued at the attention's start
     "att-early-1": {"KOG_ATT_EARLY": "1"},  # ... before the QKV product, after its input's poll

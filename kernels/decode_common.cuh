@@ -67,10 +67,9 @@
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
 #endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
                           // (a token's first layer's at its start, as 2); -1 by shape
-#ifndef KOG_REC_PAD  // the attention records (HV_PART) padded to whole 128-byte lines: 0 no, 1 yes, -1 by shape (REC_W
-#define KOG_REC_PAD -1  // below): where O's gather merges the units, whose loads of a record's max and sum then
-                        // stay off the next record's line (PERF.md sessions 33-34); timing experiments: 2, to 2 D
-#endif                  // words, a power of two (records packed into chunks without a division: rec_at)
+#ifndef KOG_REC_PAD  // the attention records (HV_PART): 0 packed, 1 padded to whole 128-byte lines, 2 padded to 2 D
+#define KOG_REC_PAD -1  // words (whole lines and a power of two), -1 by shape (REC_W below)
+#endif
 #ifndef KOG_QKV_SKIP  // timing experiments: leading blocks that take no QKV rows (QKV_SKIP below; -1: by shape)
 #define KOG_QKV_SKIP -1
 #endif
@@ -152,9 +151,11 @@ __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return
 // warps reading different heads' records never load the same line in one round: in
 // bench/sync_probe.py a second load of a line that another load of the same multiprocessor has in
 // flight costs the hop ~0.3 us; SmolLM2 gained +0.9 to +2.9% at a 32-token prompt, +1.6 to +2.2% at 160
-// (PERF.md sessions 33-34). The units' own merge (the big shapes) reads even padded (session 34).
-constexpr int REC_W = KOG_REC_PAD == 2 ? 2 * D
-                    : (KOG_REC_PAD >= 0 ? KOG_REC_PAD != 0 : CM_MAX > 0) ? (D + 2 + 15) / 16 * 16 : D + 2;
+// (PERF.md sessions 33-34). Padded further to 2 D words, rec_at packs them into chunks by shifts, not a
+// division (SmolLM2 +0.5% at 32, +0.3% at 1,000: sessions 56-57). The units' own merge (the big shapes)
+// reads even padded (session 34).
+constexpr int REC_PAD = KOG_REC_PAD >= 0 ? KOG_REC_PAD : CM_MAX > 0 ? 2 : 0;
+constexpr int REC_W = REC_PAD == 2 ? 2 * D : REC_PAD == 1 ? (D + 2 + 15) / 16 * 16 : D + 2;
 constexpr int ATT_BUDGET = 24000;  // floats of shared memory the attention phase may take (94 KB)
 // Tiles per round. Where O's gather merges the units (CM_MAX), at most 3: SmolLM2's 9 busy warps of
 // 12 against 4 tiles gained +0.5% at a 32-token prompt, +2.1% at 1,000 and 0 at 4k (the means of
