@@ -15,7 +15,9 @@ product's first granule. This probe maps the partitions' chunks of a 1 GiB buffe
 2. Times cold lines (L2 flushed by streaming another buffer first): one lane a multiprocessor chains
    dependent loads through lines of near chunks, then of far ones. Cycles a load.
 
-    python3 bench/side_stream_probe.py
+3. Fits the map to what a kernel could compute (`page_fit`): a mask of address bits 12-20 and one bit a 2 MB page.
+
+    python3 bench/side_stream_probe.py [--map-only]
 """
 
 from __future__ import annotations
@@ -107,6 +109,31 @@ def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndar
     return out
 
 
+def page_fit(csides: np.ndarray, base: int) -> str:
+    """How much of the chunks' sides a weight layout could compute instead of look up: within each 2 MB page
+    (the GPU's large page, where virtual and physical addresses share bits 12-20) the best single mask m of
+    those bits with side = parity(chunk bits & m) xor one bit a page, fitted over every mask; the share of
+    the clear chunks it explains, and of the pages it explains whole."""
+    first = base >> 12
+    idx = np.arange(first, first + len(csides))
+    keep = (csides >= 0) & (idx >> 9 >= (first + 511) >> 9) & (idx >> 9 < (first + len(csides)) >> 9)  # whole pages
+    low, page, side = (idx & 511)[keep], (idx >> 9)[keep], csides[keep]
+    pages, page_ix = np.unique(page, return_inverse=True)
+    parity = np.array([bin(v).count("1") & 1 for v in range(512)])
+    best = (-1.0, 0, 0.0)
+    for m in range(1, 512):
+        rel = side ^ parity[low & m]
+        ones = np.bincount(page_ix, weights=rel, minlength=len(pages))
+        total = np.bincount(page_ix, minlength=len(pages))
+        agree = np.maximum(ones, total - ones)
+        share = agree.sum() / len(side)
+        if share > best[0]:
+            best = (share, m, np.mean(agree == total))
+    share, m, whole = best
+    return (f"best mask of address bits 12-20: {m:#05x} (bits {[b + 12 for b in range(9) if m >> b & 1]}), one bit a 2 MB "
+            f"page: explains {share * 100:.2f}% of {len(side)} clear chunks, {whole * 100:.1f}% of {len(pages)} pages whole")
+
+
 def lists_for(assign: list[np.ndarray], sms_by_slot: np.ndarray):
     """Device arrays of per-slot chunk lists (slot k runs on multiprocessor sms_by_slot[k])."""
     counts = np.array([len(a) for a in assign], dtype=np.int32)
@@ -145,6 +172,10 @@ def main() -> None:
     n0, n1, nu = (csides == 0).sum(), (csides == 1).sum(), (csides == -1).sum()
     print(f"chunks of 1 GiB by side: {n0} / {n1}, unclear {nu}; "
           f"8 KB pairs split between the sides: {np.mean(csides[0::2] != csides[1::2]) * 100:.1f}%")
+
+    print(page_fit(csides, buf.data.ptr))
+    if "--map-only" in sys.argv:
+        return
 
     known = np.flatnonzero(csides >= 0)
     by_side = [np.flatnonzero(csides == s) for s in (0, 1)]
