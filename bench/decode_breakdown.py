@@ -163,6 +163,8 @@ VARIANTS = {
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
+    "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
+    # each block streaming only its own partition's chunks: what a weight layout by partition would gain
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
@@ -448,7 +450,46 @@ def poll_far_copy(be) -> None:
     be.hop.sm_side[:] = 1 - be.hop.sm_side
 
 
-HOST_CHANGES = {"hop-far": poll_far_copy}  # variants made on the built backend, not by defines
+def weights_by_side(be) -> None:
+    """KOG_EXP 12's globals (kernels: side_granule): a buffer of 8 KB pairs of chunks whose partitions are mapped by
+    timing, holding random finite bf16 weights, and each multiprocessor's role: the block pair whose region its
+    block streams, a pair's two on the two partitions (role parity: its partition)."""
+    import cupy as cp
+
+    from bench.side_stream_probe import chunk_sides
+    from engine.backends.l2_sides import _chunk_aligned_zeros, round_trip_kernel, round_trips
+
+    if not be.hop.sided:
+        raise SystemExit("weights-near: this GPU shows no two L2 partitions")
+    rt = round_trip_kernel(be.l2mod)
+    sm_side = be.hop.sm_side.get()
+    pairs = (be.nblk + 1) // 2
+    nbytes = 4 * be.w.nbytes + 16384 * ((4 * be.config.num_layers + 2) * pairs + 3)  # as source_of places the regions
+    buf = _chunk_aligned_zeros(cp, (nbytes + 8191) // 8192 * 2, align=64)  # 256 KB: a side_map word
+    sides = chunk_sides(cp, rt, buf, sm_side, be.nsm)
+    a, b = sides[0::2], sides[1::2]
+    first = np.where(a >= 0, a, np.where(b >= 0, 1 - b, 0)).astype(np.uint8)  # (both unclear: 0.6% of pairs)
+    bits = np.packbits(first, bitorder="little")
+    side_map = np.zeros((len(bits) + 3) // 4 * 4, dtype=np.uint8)
+    side_map[: len(bits)] = bits
+    cp.ElementwiseKernel("", "uint64 y", "unsigned long long h = (i + 1) * 0x9E3779B97F4A7C15ull; h ^= h >> 29;"
+                         "y = (h & 0x80FF80FF80FF80FFull) | 0x3C003C003C003C00ull;", "kog_bf16_noise")(buf)  # +-2^-7..2^-5
+    sms = np.unique(round_trips(cp, rt, buf, np.zeros((be.nsm, 1), dtype=np.int32), be.nsm)[1].astype(np.int64))
+    by_side = [sms[sm_side[sms % 256] == s] for s in (0, 1)]
+    if len(by_side[0]) != len(by_side[1]) or len(sms) != be.nblk:
+        raise SystemExit(f"weights-near: {len(by_side[0])} / {len(by_side[1])} multiprocessors by partition")
+    role = np.zeros(256, dtype=np.uint8)
+    for s in (0, 1):
+        role[by_side[s] % 256] = 2 * np.arange(len(by_side[s])) + s
+    print(f"weights-near: {nbytes / 1e9:.2f} GB, {np.mean(a != b) * 100:.1f}% of pairs split, unclear chunks "
+          f"{np.mean(sides < 0) * 100:.1f}%")
+    be.side_buffers = (buf, cp.asarray(side_map.view(np.uint32)))  # (kept alive with the backend)
+    for name, value in (("kog_side_w", buf.data.ptr), ("kog_side_map", be.side_buffers[1].data.ptr)):
+        cp.ndarray((1,), cp.uint64, be.mod.get_global(name))[0] = value
+    cp.ndarray((256,), cp.uint8, be.mod.get_global("kog_block_role"))[:] = cp.asarray(role)
+
+
+HOST_CHANGES = {"hop-far": poll_far_copy, "weights-near": weights_by_side}  # variants made on the built backend
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:

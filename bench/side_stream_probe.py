@@ -95,11 +95,12 @@ CHAIN = 32  # cold lines chained a side
 def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndarray:
     """The side (0/1, -1 unclear) of every chunk of the buffer: each block times one line of its share of
     the chunks (block b: chunks b, b + nsm, ...), near or far from its own multiprocessor."""
-    per = BUF_CHUNKS // nsm
+    nchunks = buf_words.size // CHUNK_WORDS
+    per = nchunks // nsm
     chunks = np.arange(per * nsm).reshape(per, nsm).T  # [block, i]
     lat, got_sms = round_trips(cp, kernel, buf_words, chunks * CHUNK_LINES + 7, nsm)
     block_side = sm_side[got_sms % SM_IDS].astype(np.int64)
-    out = np.full(BUF_CHUNKS, -1, dtype=np.int64)
+    out = np.full(nchunks, -1, dtype=np.int64)
     for b in range(nsm):
         near, far = _near_far(lat[b])
         cut = (near + far) / 2

@@ -11,7 +11,10 @@
                    // 8 the layers' weights stream three quarters of their bytes and are decoded as 12-bit weights
                    // (garbage tokens: what lossless 12-bit weights would cost and save), 9 the same for
                    // gate/up and down only, 10 the layers' weights stand resident (no copies, waits, refills),
-                   // 11 O's product does not wait for the attention (the attn -> O hop gone)
+                   // 11 O's product does not wait for the attention (the attn -> O hop gone), 12 the layers'
+                   // and LM head's weights streamed from a second buffer laid out by L2 partition (garbage
+                   // tokens: what a block pair's tiles sharing 8 KB pairs, each block its own partition's
+                   // chunk of every pair, would stream: side_granule in decode_ring.cuh)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
@@ -622,11 +625,27 @@ struct Source {  // the block's tile of one matrix
     int ngran, kv, nseg, u;
     unsigned nseg_inv;  // ceil(2^32 / nseg) where nseg > 1: granule g's row is umulhi(g, nseg_inv) (exact: g < 2^32 / nseg)
 };
+#if KOG_EXP == 12  // timing only, set by bench/decode_breakdown.py's weights-near (decode_ring.cuh: side_granule)
+__device__ const char* kog_side_w;  // the weights laid out by L2 partition, 256 KB aligned
+__device__ const unsigned* kog_side_map;  // bit k: the partition of the first chunk of kog_side_w's 8 KB pair k
+__device__ unsigned char kog_block_role[256];  // by %smid: the tiles' region a block streams, its parity its partition
+#endif
+// KOG_EXP 12 (w: kog_side_w; g: the role's block pair, numbered in the weights' order): `tile` is the pair's region
+// of kog_side_w, at four times the pair's byte offset in the weights, rounded up to 8 KB, plus 16 KB a pair (a
+// region, two tiles' granules at most twice their bytes in chunks, overlaps no other), with the role's partition
+// in bit 12. The block streams its own number of granules (the garbage weights' rows are its own rows).
 template <class M>
-__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b) {
+__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, long long g, int role) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
     constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
+#if KOG_EXP == 12
+    const long long pair_at = 8 * (off + M::tile_at(role & ~1));  // four times the pair's first tile's byte offset
+    const unsigned long long region = reinterpret_cast<unsigned long long>(w) + (pair_at + 8191) / 8192 * 8192 + 16384 * g;
+    return {reinterpret_cast<const uint4*>(region | (role & 1) << 12), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
+#else
+    (void)g, (void)role;
     return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
+#endif
 }
 // The matrices in the order the forward pass (and so the weight stream) takes them.
 enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
@@ -639,12 +658,19 @@ constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
 __device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
+#if KOG_EXP == 12
+    const int role = kog_block_role[kog_sm_id() % 256];
+    const long long g = (long long)(mat == MAT_LM ? 4 * NL + lm8 : 4 * layer + mat) * ((NBLK + 1) / 2) + role / 2;
+#else
+    constexpr long long g = 0;
+    constexpr int role = 0;
+#endif
     switch (mat) {
-        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b);
-        case MAT_O: return source_of<MO>(w, wl + OFF_O, b);
-        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b);
-        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b);
-        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b) : source_of<MLM>(w, OFF_LMH, b);
+        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b, g, role);
+        case MAT_O: return source_of<MO>(w, wl + OFF_O, b, g, role);
+        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b, g, role);
+        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b, g, role);
+        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b, g, role) : source_of<MLM>(w, OFF_LMH, b, g, role);
     }
 }
 

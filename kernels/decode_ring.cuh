@@ -14,6 +14,25 @@
 // copies and later reads only its own 16-byte pieces, so a slot needs no barrier, only the
 // lane's own cp.async.wait_group.
 
+// KOG_EXP 12 (timing only, garbage weights): the weights stream from kog_side_w, laid out by L2 partition. A block
+// pair's tiles of a matrix share a region of 8 KB pairs of chunks (source_of: `tile` holds the region's address
+// and the block's partition), each block taking its own partition's chunk of every pair; granule g of the tile
+// lies in chunk g / n, place g % n, where n of them fit a chunk. The lane's first piece of granule g.
+#if KOG_EXP == 12
+__device__ __forceinline__ const uint4* side_granule(const Ctx& c, int g) {
+    const int sh = c.st.src.u == 1 ? 3 : c.st.src.u == 2 ? 2 : 1;  // log2 of granules a chunk
+    const unsigned long long t = reinterpret_cast<unsigned long long>(c.st.src.tile);
+    const unsigned long long pair = (t & ~8191ull) + ((unsigned long long)(g >> sh) << 13);
+    const unsigned long long k = pair - reinterpret_cast<unsigned long long>(kog_side_w);
+    const unsigned first = (__ldg(kog_side_map + (k >> 18)) >> ((k >> 13) & 31)) & 1u;
+    return reinterpret_cast<const uint4*>(pair + ((first ^ (unsigned)(t >> 12 & 1)) << 12)) + (g & ((1 << sh) - 1)) * c.st.src.u * KOG_WAVE
+           + c.lane;
+}
+#define KOG_STREAM_W(c) reinterpret_cast<const unsigned short*>(kog_side_w)
+#else
+#define KOG_STREAM_W(c) ((c).P->w)
+#endif
+
 // A stream moves on to the warp's first granule of the next matrix in forward order.
 __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, int b, int warp) {
     if (KOG_EXP == 10) s.mat = MAT_LM;  // timing only: the layers' weights stand resident (mv_run)
@@ -28,7 +47,7 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
 // The stream on its next granule: past a matrix's last one, on the next matrix's first. Never
 // ends: every warp has LM head granules.
 __device__ __forceinline__ void stream_settle(Ctx& c) {
-    while (c.st.g >= c.st.src.ngran) next_matrix(c.st, c.P->w, c.b, c.warp);
+    while (c.st.g >= c.st.src.ngran) next_matrix(c.st, KOG_STREAM_W(c), c.b, c.warp);
 }
 
 // KOG_EXP 8 (timing only; 9: gate/up and down only): a layer matrix's granule copies only its first
@@ -60,6 +79,9 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
     const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
+#if KOG_EXP == 12
+    src = side_granule(c, s.g);
+#endif
 #pragma unroll
     for (int i = 0; i < SLOT / KOG_WAVE; ++i)
         if (KOG_EXP != 2 && i < s.src.u && col0 + i * KOG_WAVE < s.src.kv && copies_three_quarters(s, i, c.lane)) {
@@ -127,7 +149,7 @@ __device__ void ring_start(Ctx& c) {
     c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
 #endif
     if (KOG_EXP == 10) c.st.mat = MAT_LM;
-    c.st.src = stream_source(c.st.mat, 0, c.P->w, c.b, c.st.lm8);
+    c.st.src = stream_source(c.st.mat, 0, KOG_STREAM_W(c), c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
