@@ -165,6 +165,8 @@ VARIANTS = {
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
     # each block streaming only its own partition's chunks: what a weight layout by partition would gain
+    "weights-far": {"KOG_EXP": "12"},  # its controls: the same, each block streaming only the other partition's chunks,
+    "weights-mixed": {"KOG_EXP": "12"},  # ... or the two partitions' in turn (as the weights' own layout does)
     "product-warps-10": {"KOG_PRODUCT_WARPS": "10"},  # (with layers-resident only) the layer products on 10 warps
     "hold-none": {"KOG_HOLD": "0"},
     "hold-qkv": {"KOG_HOLD": "1"},
@@ -450,7 +452,7 @@ def poll_far_copy(be) -> None:
     be.hop.sm_side[:] = 1 - be.hop.sm_side
 
 
-def weights_by_side(be) -> None:
+def weights_by_side(be, far: bool = False, mixed: bool = False) -> None:
     """KOG_EXP 12's globals (kernels: side_granule): a buffer of 8 KB pairs of chunks whose partitions are mapped by
     timing, holding random finite bf16 weights, and each multiprocessor's role: the block pair whose region its
     block streams, a pair's two on the two partitions (role parity: its partition)."""
@@ -469,6 +471,8 @@ def weights_by_side(be) -> None:
     sides = chunk_sides(cp, rt, buf, sm_side, be.nsm)
     a, b = sides[0::2], sides[1::2]
     first = np.where(a >= 0, a, np.where(b >= 0, 1 - b, 0)).astype(np.uint8)  # (both unclear: 0.6% of pairs)
+    if mixed:  # every other pair's bit flipped: a block reads its own partition's chunk of every other pair
+        first ^= (np.arange(len(first)) & 1).astype(np.uint8)
     bits = np.packbits(first, bitorder="little")
     side_map = np.zeros((len(bits) + 3) // 4 * 4, dtype=np.uint8)
     side_map[: len(bits)] = bits
@@ -480,7 +484,7 @@ def weights_by_side(be) -> None:
         raise SystemExit(f"weights-near: {len(by_side[0])} / {len(by_side[1])} multiprocessors by partition")
     role = np.zeros(256, dtype=np.uint8)
     for s in (0, 1):
-        role[by_side[s] % 256] = 2 * np.arange(len(by_side[s])) + s
+        role[by_side[s] % 256] = 2 * np.arange(len(by_side[s])) + (s ^ far)
     print(f"weights-near: {nbytes / 1e9:.2f} GB, {np.mean(a != b) * 100:.1f}% of pairs split, unclear chunks "
           f"{np.mean(sides < 0) * 100:.1f}%")
     be.side_buffers = (buf, cp.asarray(side_map.view(np.uint32)))  # (kept alive with the backend)
@@ -489,7 +493,9 @@ def weights_by_side(be) -> None:
     cp.ndarray((256,), cp.uint8, be.mod.get_global("kog_block_role"))[:] = cp.asarray(role)
 
 
-HOST_CHANGES = {"hop-far": poll_far_copy, "weights-near": weights_by_side}  # variants made on the built backend
+HOST_CHANGES = {"hop-far": poll_far_copy, "weights-near": weights_by_side,
+                "weights-far": lambda be: weights_by_side(be, far=True),
+                "weights-mixed": lambda be: weights_by_side(be, mixed=True)}  # variants made on the built backend
 
 
 def parse_versions(specs: list[str]) -> dict[str, Path]:
