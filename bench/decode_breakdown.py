@@ -465,8 +465,7 @@ def weights_by_side(be, far: bool = False, mixed: bool = False) -> None:
         raise SystemExit("weights-near: this GPU shows no two L2 partitions")
     rt = round_trip_kernel(be.l2mod)
     sm_side = be.hop.sm_side.get()
-    pairs = (be.nblk + 1) // 2
-    nbytes = 4 * be.w.nbytes + 16384 * ((4 * be.config.num_layers + 2) * pairs + 3)  # as source_of places the regions
+    nbytes = int(cp.ndarray((1,), cp.int64, be.mod.get_global("kog_side_bytes")).get()[0])  # the regions (source_of)
     buf = _chunk_aligned_zeros(cp, (nbytes + 8191) // 8192 * 2, align=64)  # 256 KB: a side_map word
     sides = chunk_sides(cp, rt, buf, sm_side, be.nsm)
     a, b = sides[0::2], sides[1::2]

@@ -630,20 +630,26 @@ __device__ const char* kog_side_w;  // the weights laid out by L2 partition, 256
 __device__ const unsigned* kog_side_map;  // bit k: the partition of the first chunk of kog_side_w's 8 KB pair k
 __device__ unsigned char kog_block_role[256];  // by %smid: the tiles' region a block streams, its parity its partition
 #endif
-// KOG_EXP 12 (w: kog_side_w; g: the role's block pair, numbered in the weights' order): `tile` is the pair's region
-// of kog_side_w, at four times the pair's byte offset in the weights, rounded up to 8 KB, plus 16 KB a pair (a
-// region, two tiles' granules at most twice their bytes in chunks, overlaps no other), with the role's partition
-// in bit 12. The block streams its own number of granules (the garbage weights' rows are its own rows).
+// KOG_EXP 12 (w: kog_side_w; base: the matrix's first region in kog_side_w): `tile` is the role's block pair's
+// region, of as many 8 KB pairs of chunks as the largest tile's granules fill on one side, with the role's
+// partition in bit 12. The block streams its own number of granules (the garbage weights' rows are its own rows).
 template <class M>
-__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, long long g, int role) {
+__host__ __device__ constexpr long long side_region() { return 8192ll * ((M::MAXR * M::NSEG + (M::U == 1 ? 8 : M::U == 2 ? 4 : 2) - 1) / (M::U == 1 ? 8 : M::U == 2 ? 4 : 2)); }
+constexpr long long SIDE_PAIRS = (NBLK + 1) / 2;
+constexpr long long SIDE_LAYER = SIDE_PAIRS * (side_region<MQKV>() + side_region<MO>() + side_region<MGU>() + side_region<MDN>());
+#if KOG_EXP == 12
+__device__ long long kog_side_bytes = NL * SIDE_LAYER + SIDE_PAIRS * (side_region<MLM>() + side_region<MLM8>());  // (the host reads it)
+#endif
+template <class M>
+__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, long long base, int role) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
     constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
 #if KOG_EXP == 12
-    const long long pair_at = 8 * (off + M::tile_at(role & ~1));  // four times the pair's first tile's byte offset
-    const unsigned long long region = reinterpret_cast<unsigned long long>(w) + (pair_at + 8191) / 8192 * 8192 + 16384 * g;
+    (void)off;
+    const unsigned long long region = reinterpret_cast<unsigned long long>(w) + base + role / 2 * side_region<M>();
     return {reinterpret_cast<const uint4*>(region | (role & 1) << 12), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
 #else
-    (void)g, (void)role;
+    (void)base, (void)role;
     return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
 #endif
 }
@@ -660,17 +666,18 @@ __device__ __forceinline__ Source stream_source(int mat, int layer, const unsign
     const long long wl = (long long)layer * LSTRIDE;
 #if KOG_EXP == 12
     const int role = kog_block_role[kog_sm_id() % 256];
-    const long long g = (long long)(mat == MAT_LM ? 4 * NL + lm8 : 4 * layer + mat) * ((NBLK + 1) / 2) + role / 2;
+    const long long sl = layer * SIDE_LAYER, q = SIDE_PAIRS * side_region<MQKV>(), o = q + SIDE_PAIRS * side_region<MO>();
+    const long long lm = NL * SIDE_LAYER, lm8x = lm + SIDE_PAIRS * side_region<MLM>();
 #else
-    constexpr long long g = 0;
+    constexpr long long sl = 0, q = 0, o = 0, lm = 0, lm8x = 0;
     constexpr int role = 0;
 #endif
     switch (mat) {
-        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b, g, role);
-        case MAT_O: return source_of<MO>(w, wl + OFF_O, b, g, role);
-        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b, g, role);
-        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b, g, role);
-        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b, g, role) : source_of<MLM>(w, OFF_LMH, b, g, role);
+        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b, sl, role);
+        case MAT_O: return source_of<MO>(w, wl + OFF_O, b, sl + q, role);
+        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b, sl + o, role);
+        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b, sl + o + SIDE_PAIRS * side_region<MGU>(), role);
+        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b, lm8x, role) : source_of<MLM>(w, OFF_LMH, b, lm, role);
     }
 }
 
