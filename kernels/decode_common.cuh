@@ -633,8 +633,9 @@ __device__ unsigned char kog_block_role[256];  // by %smid: the tiles' region a 
 // KOG_EXP 12 (w: kog_side_w; base: the matrix's first region in kog_side_w): `tile` is the role's block pair's
 // region, of as many 8 KB pairs of chunks as the largest tile's granules fill on one side, with the role's
 // partition in bit 12. The block streams its own number of granules (the garbage weights' rows are its own rows).
+__host__ __device__ constexpr int side_shift(int u) { return u == 1 ? 3 : u == 2 ? 2 : 1; }  // log2 of granules a 4 KB chunk holds
 template <class M>
-__host__ __device__ constexpr long long side_region() { return 8192ll * ((M::MAXR * M::NSEG + (M::U == 1 ? 8 : M::U == 2 ? 4 : 2) - 1) / (M::U == 1 ? 8 : M::U == 2 ? 4 : 2)); }
+__host__ __device__ constexpr long long side_region() { return 8192ll * ((M::MAXR * M::NSEG + (1 << side_shift(M::U)) - 1) >> side_shift(M::U)); }
 constexpr long long SIDE_PAIRS = (NBLK + 1) / 2;
 constexpr long long SIDE_LAYER = SIDE_PAIRS * (side_region<MQKV>() + side_region<MO>() + side_region<MGU>() + side_region<MDN>());
 #if KOG_EXP == 12

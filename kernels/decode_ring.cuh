@@ -20,7 +20,7 @@
 // lies in chunk g / n, place g % n, where n of them fit a chunk. The lane's first piece of granule g.
 #if KOG_EXP == 12
 __device__ __forceinline__ const uint4* side_granule(const Ctx& c, int g) {
-    const int sh = c.st.src.u == 1 ? 3 : c.st.src.u == 2 ? 2 : 1;  // log2 of granules a chunk
+    const int sh = side_shift(c.st.src.u);
     const unsigned long long t = reinterpret_cast<unsigned long long>(c.st.src.tile);
     const unsigned long long pair = (t & ~8191ull) + ((unsigned long long)(g >> sh) << 13);
     const unsigned long long k = pair - reinterpret_cast<unsigned long long>(kog_side_w);
