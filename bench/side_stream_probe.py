@@ -121,11 +121,11 @@ def page_fit(csides: np.ndarray, base: int) -> str:
     low, page, side = (idx & 511)[keep], (idx >> 9)[keep], csides[keep]
     pages, page_ix = np.unique(page, return_inverse=True)
     parity = np.array([bin(v).count("1") & 1 for v in range(512)])
+    total = np.bincount(page_ix, minlength=len(pages))
     best = (-1.0, 0, 0.0)
     for m in range(1, 512):
         rel = side ^ parity[low & m]
         ones = np.bincount(page_ix, weights=rel, minlength=len(pages))
-        total = np.bincount(page_ix, minlength=len(pages))
         agree = np.maximum(ones, total - ones)
         share = agree.sum() / len(side)
         if share > best[0]:
