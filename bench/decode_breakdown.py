@@ -452,10 +452,49 @@ def poll_far_copy(be) -> None:
     be.hop.sm_side[:] = 1 - be.hop.sm_side
 
 
+def side_formula(sides: np.ndarray, base: int) -> tuple[int, int, str]:
+    """The (mask, flip) with parity(pair address & mask) ^ flip = the partition of each 8 KB pair's first chunk
+    (sides: every chunk's, -1 unclear; base: the first chunk's address, 8 KB aligned): a mask of bits 13-20 with
+    one bit a 2 MB page, then the pages' bits fitted as the parity of the page address's bits that vary here."""
+    a, b = sides[0::2], sides[1::2]
+    first = np.where(a >= 0, a, np.where(b >= 0, 1 - b, -1))
+    addr = base + (np.arange(len(first), dtype=np.int64) << 13)
+    clear = first >= 0
+    low, page, bit = (addr >> 13 & 255)[clear], (addr >> 21)[clear], first[clear]
+    pages, page_ix = np.unique(page, return_inverse=True)
+    parity = np.array([bin(v).count("1") & 1 for v in range(1 << 16)], dtype=np.int64)
+    total = np.bincount(page_ix, minlength=len(pages))
+    best = (-1, 0, None)
+    for m in range(256):
+        ones = np.bincount(page_ix, weights=bit ^ parity[low & m], minlength=len(pages))
+        agree = np.maximum(ones, total - ones).sum()
+        if agree > best[0]:
+            best = (agree, m, (2 * ones > total).astype(np.int64))
+    _, low_mask, page_bit = best
+    span = int(pages[-1] ^ pages[0]).bit_length()  # the page address bits that vary over the buffer
+    rel = pages - (pages[0] >> span << span)
+    fits = [(np.sum(page_bit == parity[rel & m] ^ k), m, k) for m in range(1 << span) for k in (0, 1)]
+    agree_pages, high_mask, flip = max(fits)
+    mask = low_mask << 13 | high_mask << 21
+    explained = np.mean((parity_of(addr[clear], mask) ^ flip) == bit)
+    return mask, flip, (f"pairs' partitions = parity(address & {mask:#x}) ^ {flip}: explains {explained * 100:.2f}% of "
+                        f"{clear.sum()} clear pairs, {agree_pages} of {len(pages)} pages")
+
+
+def parity_of(values: np.ndarray, mask: int) -> np.ndarray:
+    v = (values & mask).astype(np.uint64)
+    out = np.zeros(len(v), dtype=np.int64)
+    while v.any():
+        out ^= (v & np.uint64(1)).astype(np.int64)
+        v >>= np.uint64(1)
+    return out
+
+
 def weights_by_side(be, far: bool = False, mixed: bool = False) -> None:
-    """KOG_EXP 12's globals (kernels: side_granule): a buffer of 8 KB pairs of chunks whose partitions are mapped by
-    timing, holding random finite bf16 weights, and each multiprocessor's role: the block pair whose region its
-    block streams, a pair's two on the two partitions (role parity: its partition)."""
+    """KOG_EXP 12's globals (kernels: side_granule): a buffer of 8 KB pairs of chunks, holding random finite bf16
+    weights, whose partitions are mapped by timing and fitted to a formula of the address the kernel computes, and
+    each multiprocessor's role: the block pair whose region its block streams, a pair's two on the two partitions
+    (role parity: its partition)."""
     import cupy as cp
 
     from bench.side_stream_probe import chunk_sides
@@ -466,15 +505,17 @@ def weights_by_side(be, far: bool = False, mixed: bool = False) -> None:
     rt = round_trip_kernel(be.l2mod)
     sm_side = be.hop.sm_side.get()
     nbytes = int(cp.ndarray((1,), cp.int64, be.mod.get_global("kog_side_bytes")).get()[0])  # the regions (source_of)
-    buf = _chunk_aligned_zeros(cp, (nbytes + 8191) // 8192 * 2, align=64)  # 256 KB: a side_map word
+    buf = _chunk_aligned_zeros(cp, (nbytes + 8191) // 8192 * 2, align=64)
     sides = chunk_sides(cp, rt, buf, sm_side, be.nsm)
-    a, b = sides[0::2], sides[1::2]
-    first = np.where(a >= 0, a, np.where(b >= 0, 1 - b, 0)).astype(np.uint8)  # (both unclear: 0.6% of pairs)
-    if mixed:  # every other pair's bit flipped: a block reads its own partition's chunk of every other pair
-        first ^= (np.arange(len(first)) & 1).astype(np.uint8)
-    bits = np.packbits(first, bitorder="little")
-    side_map = np.zeros((len(bits) + 3) // 4 * 4, dtype=np.uint8)
-    side_map[: len(bits)] = bits
+    mask, flip, fit = side_formula(sides, buf.data.ptr)
+    if mixed:  # a bit outside the fitted mask: a block reads its own partition's chunk of every other 16 KB
+        mask ^= next(1 << b for b in range(13, 21) if not mask >> b & 1)
+    flip ^= far
+    # the share of the chunks the blocks read that lie on their own partition (of the clear ones)
+    pair_addr = buf.data.ptr + (np.arange(len(sides) // 2, dtype=np.int64) << 13)
+    first = parity_of(pair_addr, mask) ^ flip
+    read = [sides[2 * np.arange(len(first)) + (first ^ s)] for s in (0, 1)]
+    near = sum(np.sum(r == s) for s, r in enumerate(read)) / sum(np.sum(r >= 0) for r in read)
     cp.ElementwiseKernel("", "uint64 y", "unsigned long long h = (i + 1) * 0x9E3779B97F4A7C15ull; h ^= h >> 29;"
                          "y = (h & 0x80FF80FF80FF80FFull) | 0x3C003C003C003C00ull;", "kog_bf16_noise")(buf)  # +-2^-7..2^-5
     sms = np.unique(round_trips(cp, rt, buf, np.zeros((be.nsm, 1), dtype=np.int32), be.nsm)[1].astype(np.int64))
@@ -483,12 +524,13 @@ def weights_by_side(be, far: bool = False, mixed: bool = False) -> None:
         raise SystemExit(f"weights-near: {len(by_side[0])} / {len(by_side[1])} multiprocessors by partition")
     role = np.zeros(256, dtype=np.uint8)
     for s in (0, 1):
-        role[by_side[s] % 256] = 2 * np.arange(len(by_side[s])) + (s ^ far)
-    print(f"weights-near: {nbytes / 1e9:.2f} GB, {np.mean(a != b) * 100:.1f}% of pairs split, unclear chunks "
-          f"{np.mean(sides < 0) * 100:.1f}%")
-    be.side_buffers = (buf, cp.asarray(side_map.view(np.uint32)))  # (kept alive with the backend)
-    for name, value in (("kog_side_w", buf.data.ptr), ("kog_side_map", be.side_buffers[1].data.ptr)):
-        cp.ndarray((1,), cp.uint64, be.mod.get_global(name))[0] = value
+        role[by_side[s] % 256] = 2 * np.arange(len(by_side[s])) + s
+    print(f"weights-near: {nbytes / 1e9:.2f} GB, unclear chunks {np.mean(sides < 0) * 100:.1f}%; {fit}; "
+          f"chunks read on the block's own partition {near * 100:.1f}%")
+    be.side_buffers = (buf,)  # (kept alive with the backend)
+    cp.ndarray((1,), cp.uint64, be.mod.get_global("kog_side_w"))[0] = buf.data.ptr
+    cp.ndarray((1,), cp.uint64, be.mod.get_global("kog_side_mask"))[0] = mask
+    cp.ndarray((1,), cp.uint32, be.mod.get_global("kog_side_flip"))[0] = flip
     cp.ndarray((256,), cp.uint8, be.mod.get_global("kog_block_role"))[:] = cp.asarray(role)
 
 

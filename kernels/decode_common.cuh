@@ -627,7 +627,10 @@ struct Source {  // the block's tile of one matrix
 };
 #if KOG_EXP == 12  // timing only, set by bench/decode_breakdown.py's weights-near (decode_ring.cuh: side_granule)
 __device__ const char* kog_side_w;  // the weights laid out by L2 partition, 256 KB aligned
-__device__ const unsigned* kog_side_map;  // bit k: the partition of the first chunk of kog_side_w's 8 KB pair k
+// the partition of the first chunk of the 8 KB pair at address a: parity(a & kog_side_mask) ^ kog_side_flip (fitted
+// by the host to the timed map: bits 13-20 inside a 2 MB page, bits 21 on across pages)
+__constant__ unsigned long long kog_side_mask;
+__constant__ unsigned kog_side_flip;
 __device__ unsigned char kog_block_role[256];  // by %smid: the tiles' region a block streams, its parity its partition
 #endif
 // KOG_EXP 12 (w: kog_side_w; base: the matrix's first region in kog_side_w): `tile` is the role's block pair's

@@ -23,8 +23,7 @@ __device__ __forceinline__ const uint4* side_granule(const Ctx& c, int g) {
     const int sh = side_shift(c.st.src.u);
     const unsigned long long t = reinterpret_cast<unsigned long long>(c.st.src.tile);
     const unsigned long long pair = (t & ~8191ull) + ((unsigned long long)(g >> sh) << 13);
-    const unsigned long long k = pair - reinterpret_cast<unsigned long long>(kog_side_w);
-    const unsigned first = (__ldg(kog_side_map + (k >> 18)) >> ((k >> 13) & 31)) & 1u;
+    const unsigned first = ((unsigned)__popcll(pair & kog_side_mask) & 1u) ^ kog_side_flip;
     return reinterpret_cast<const uint4*>(pair + ((first ^ (unsigned)(t >> 12 & 1)) << 12)) + (g & ((1 << sh) - 1)) * c.st.src.u * KOG_WAVE
            + c.lane;
 }
