@@ -471,10 +471,13 @@ def side_formula(sides: np.ndarray, base: int) -> tuple[int, int, str]:
         if agree > best[0]:
             best = (agree, m, (2 * ones > total).astype(np.int64))
     _, low_mask, page_bit = best
-    span = int(pages[-1] ^ pages[0]).bit_length()  # the page address bits that vary over the buffer
-    rel = pages - (pages[0] >> span << span)
-    fits = [(np.sum(page_bit == parity[rel & m] ^ k), m, k) for m in range(1 << span) for k in (0, 1)]
-    agree_pages, high_mask, flip = max(fits)
+    varying = np.bitwise_or.reduce(pages ^ pages[0])
+    bits = [b for b in range(40) if varying >> b & 1][:14]  # the page address bits that vary over the buffer
+    packed = sum(((pages >> b & 1) << i) for i, b in enumerate(bits))  # those bits, side by side
+    fits = [(np.sum(page_bit == parity[packed & m] ^ k), m, k) for m in range(1 << len(bits)) for k in (0, 1)]
+    agree_pages, packed_mask, flip = max(fits)
+    high_mask = sum(1 << b for i, b in enumerate(bits) if packed_mask >> i & 1)
+    flip ^= int(parity_of(pages[:1], high_mask)[0] ^ parity[packed[0] & packed_mask])  # (fixed bits outside `bits`)
     mask = low_mask << 13 | high_mask << 21
     explained = np.mean((parity_of(addr[clear], mask) ^ flip) == bit)
     return mask, flip, (f"pairs' partitions = parity(address & {mask:#x}) ^ {flip}: explains {explained * 100:.2f}% of "
