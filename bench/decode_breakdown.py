@@ -461,16 +461,11 @@ def side_formula(sides: np.ndarray, base: int) -> tuple[int, int, str]:
     addr = base + (np.arange(len(first), dtype=np.int64) << 13)
     clear = first >= 0
     low, page, bit = (addr >> 13 & 255)[clear], (addr >> 21)[clear], first[clear]
-    pages, page_ix = np.unique(page, return_inverse=True)
-    parity = np.array([bin(v).count("1") & 1 for v in range(1 << 16)], dtype=np.int64)
-    total = np.bincount(page_ix, minlength=len(pages))
-    best = (-1, 0, None)
-    for m in range(256):
-        ones = np.bincount(page_ix, weights=bit ^ parity[low & m], minlength=len(pages))
-        agree = np.maximum(ones, total - ones).sum()
-        if agree > best[0]:
-            best = (agree, m, (2 * ones > total).astype(np.int64))
-    _, low_mask, page_bit = best
+    from bench.side_stream_probe import best_page_mask
+
+    _, low_mask, page_bit = best_page_mask(bit, low, page, 8)
+    pages = np.unique(page)
+    parity = np.array([bin(v).count("1") & 1 for v in range(1 << 14)], dtype=np.int64)
     varying = np.bitwise_or.reduce(pages ^ pages[0])
     bits = [b for b in range(40) if varying >> b & 1][:14]  # the page address bits that vary over the buffer
     packed = sum(((pages >> b & 1) << i) for i, b in enumerate(bits))  # those bits, side by side
@@ -485,6 +480,7 @@ def side_formula(sides: np.ndarray, base: int) -> tuple[int, int, str]:
 
 
 def parity_of(values: np.ndarray, mask: int) -> np.ndarray:
+    """parity(value & mask) of each value (addresses: any width up to 63 bits)."""
     v = (values & mask).astype(np.uint64)
     out = np.zeros(len(v), dtype=np.int64)
     while v.any():

@@ -110,6 +110,21 @@ def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndar
     return out
 
 
+def best_page_mask(side: np.ndarray, low: np.ndarray, page: np.ndarray, nbits: int) -> tuple[int, int, np.ndarray]:
+    """The mask m of the nbits in-page address bits `low` with side = parity(low & m) xor one bit a page that
+    explains most of `side`: (how many it explains, m, each page's bit in np.unique(page)'s order)."""
+    pages, page_ix = np.unique(page, return_inverse=True)
+    parity = np.array([bin(v).count("1") & 1 for v in range(1 << nbits)])
+    total = np.bincount(page_ix, minlength=len(pages))
+    best = (-1, 0, np.zeros(len(pages), dtype=np.int64))
+    for m in range(1, 1 << nbits):
+        ones = np.bincount(page_ix, weights=side ^ parity[low & m], minlength=len(pages))
+        agree = int(np.maximum(ones, total - ones).sum())
+        if agree > best[0]:
+            best = (agree, m, (2 * ones > total).astype(np.int64))
+    return best
+
+
 def page_fit(csides: np.ndarray, base: int) -> str:
     """How much of the chunks' sides a weight layout could compute instead of look up: within each 2 MB page
     (the GPU's large page, where virtual and physical addresses share bits 12-20) the best single mask m of
@@ -119,20 +134,12 @@ def page_fit(csides: np.ndarray, base: int) -> str:
     idx = np.arange(first, first + len(csides))
     keep = (csides >= 0) & (idx >> 9 >= (first + 511) >> 9) & (idx >> 9 < (first + len(csides)) >> 9)  # whole pages
     low, page, side = (idx & 511)[keep], (idx >> 9)[keep], csides[keep]
+    agree, m, bits = best_page_mask(side, low, page, 9)
     pages, page_ix = np.unique(page, return_inverse=True)
     parity = np.array([bin(v).count("1") & 1 for v in range(512)])
-    total = np.bincount(page_ix, minlength=len(pages))
-    best = (-1.0, 0, 0.0)
-    for m in range(1, 512):
-        rel = side ^ parity[low & m]
-        ones = np.bincount(page_ix, weights=rel, minlength=len(pages))
-        agree = np.maximum(ones, total - ones)
-        share = agree.sum() / len(side)
-        if share > best[0]:
-            best = (share, m, np.mean(agree == total))
-    share, m, whole = best
+    whole = np.mean(np.bincount(page_ix, weights=side ^ parity[low & m] ^ bits[page_ix], minlength=len(pages)) == 0)
     return (f"best mask of address bits 12-20: {m:#05x} (bits {[b + 12 for b in range(9) if m >> b & 1]}), one bit a 2 MB "
-            f"page: explains {share * 100:.2f}% of {len(side)} clear chunks, {whole * 100:.1f}% of {len(pages)} pages whole")
+            f"page: explains {agree / len(side) * 100:.2f}% of {len(side)} clear chunks, {whole * 100:.1f}% of {len(pages)} pages whole")
 
 
 def lists_for(assign: list[np.ndarray], sms_by_slot: np.ndarray):
