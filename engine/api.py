@@ -38,6 +38,14 @@ def check_context(context: int | None) -> None:
         raise KogError(f"context must be at least 16 tokens, got {context}")
 
 
+def context_cap_note(model_name: str, requested: int | None, context_size: int) -> str | None:
+    """The line a front end shows when the engine took fewer context tokens than the user asked for
+    (a model's own maximum caps `--context`): a notice, not an error, since the chat switches models."""
+    if requested is None or requested <= context_size:
+        return None
+    return f"{model_name} holds at most {context_size:,} tokens of context: using {context_size:,}, not {requested:,}"
+
+
 def open_session(
     model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None
 ) -> Session:

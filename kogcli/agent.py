@@ -84,8 +84,13 @@ def _client(endpoint, api_key, model, device, context, temperature, seed):
 
         return OpenAIClient(endpoint, api_key, model, context or 8192, temperature)
     from agent.client_local import LocalClient
+    from engine.api import context_cap_note
 
-    return LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed))
+    client = LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed))
+    note = context_cap_note(client.name, context, client.context_size)
+    if note:
+        err.print(note, style="yellow", soft_wrap=True)
+    return client
 
 
 def undo_command(path: Path = typer.Argument(..., help="The repository a kog agent run changed.")):

@@ -90,7 +90,7 @@ def generate_command(
     as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
-    from engine.api import check_context, load, open_session
+    from engine.api import check_context, context_cap_note, load, open_session
     from engine.backends import resolve_device
     from engine.sampling import SamplingParams
 
@@ -107,6 +107,9 @@ def generate_command(
     check_context(context)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system)
+    note = context_cap_note(loaded.name, context, session.context_size)
+    if note:
+        err.print(note, style="yellow", soft_wrap=True)
     if raw:
         ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
         generation = session.complete(ids, params, max_tokens)

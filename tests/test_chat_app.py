@@ -208,6 +208,18 @@ def test_a_prompt_longer_than_the_context_is_refused_and_kept(default_gguf, tmp_
     run(scenario())
 
 
+def test_context_above_the_models_maximum_is_a_notice_and_the_chat_runs(default_gguf, tmp_path):
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu", context=100_000)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            notes = [n.message for n in app._notifications]
+            assert any("holds at most 8,192 tokens of context" in n for n in notes), notes
+            assert app.session.context_size == 8192
+
+    run(scenario())
+
+
 def test_unknown_model_is_an_error_line_and_the_current_model_stays(default_gguf, tmp_path):
     async def scenario():
         app = chat_app(tmp_path / "chats.db", device="cpu")

@@ -140,6 +140,12 @@ def test_prompt_longer_than_the_context(default_gguf):
     assert_one_line_error(kog("generate", "word " * 200, "--device", "cpu", "--context", "64"), "context holds 64")
 
 
+def test_context_above_the_models_maximum_is_capped_with_a_notice(default_gguf):
+    result = kog("generate", "hi", "--device", "cpu", "--context", "100000", "--max-tokens", "2")
+    assert result.returncode == 0, result.stderr
+    assert "holds at most 8,192 tokens of context: using 8,192, not 100,000" in result.stderr
+
+
 def test_bad_sampling_parameter():
     assert_one_line_error(kog("generate", "hi", "--top-p", "0"), "top-p must be in (0, 1]")
 

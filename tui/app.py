@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.widgets import Footer
 from textual.worker import Worker
 
-from engine.api import load, open_session
+from engine.api import context_cap_note, load, open_session
 from engine.errors import KogError
 from engine.registry import ModelSpec, Registry, installed
 from engine.sampling import SamplingParams
@@ -194,6 +194,9 @@ class ChatApp(App):
             self.session.backend.close()
         self.session, self._last_stats = event.session, None  # the last model's rates are not this one's
         self._context_used = self._conversation_tokens()
+        note = context_cap_note(self.session.model.name, self.options.context, self.session.context_size)
+        if note:
+            self.notify(note, severity="warning", markup=False)
         if self.chat_id is not None:
             await self._save(lambda: self.store.update(self.chat_id, model=self.session.model.target))
 
