@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from kogcli.common import err, user_errors
+from kogcli.common import err, notice, user_errors
 
 # Exit status of `kog agent fix` when the run ended with the tests still failing.
 NOT_FIXED = 3
@@ -87,9 +87,7 @@ def _client(endpoint, api_key, model, device, context, temperature, seed):
     from engine.api import context_cap_note
 
     client = LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed))
-    note = context_cap_note(client.name, context, client.context_size)
-    if note:
-        err.print(note, style="yellow", soft_wrap=True)
+    notice(context_cap_note(client.name, context, client.context_size))
     return client
 
 

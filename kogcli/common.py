@@ -19,6 +19,12 @@ from engine.errors import KogError
 err = Console(stderr=True, highlight=False, markup=False)
 
 
+def notice(text: str | None) -> None:
+    """A warning the command goes on after (nothing when `text` is None): one line, never wrapped."""
+    if text:
+        err.print(text, style="yellow", soft_wrap=True)
+
+
 def user_errors(command):
     """One line and a non-zero exit for the user's mistakes; never a traceback."""
 

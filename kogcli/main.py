@@ -15,7 +15,7 @@ import typer
 from engine import __version__
 from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
-from kogcli.common import err, print_table, user_errors
+from kogcli.common import err, notice, print_table, user_errors
 
 app = typer.Typer(
     help="Run a local LLM at the decode speed your hardware allows.",
@@ -107,9 +107,7 @@ def generate_command(
     check_context(context)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system)
-    note = context_cap_note(loaded.name, context, session.context_size)
-    if note:
-        err.print(note, style="yellow", soft_wrap=True)
+    notice(context_cap_note(loaded.name, context, session.context_size))
     if raw:
         ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
         generation = session.complete(ids, params, max_tokens)
