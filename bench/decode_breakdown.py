@@ -196,9 +196,9 @@ def layer_event(layer: int, name: str) -> int:
     return len(LAYER_EVENTS) * layer + LAYER_EVENTS.index(name)
 
 
-def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
-    """Median decode rate after a warm-up run, and the median p99 / p50 of the gaps between tokens,
-    both from the kernel's own stamps (host delivery left out)."""
+def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[int, float]]]:
+    """Median decode rate after a warm-up run, the median p99 / p50 of the gaps between tokens, and the last run's
+    slow steps (step, us: gaps over 1.15x the median), all from the kernel's own stamps (host delivery left out)."""
     from engine.sampling import SamplingParams
 
     rates, tails = [], []
@@ -210,7 +210,8 @@ def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float]:
         gaps = np.diff(ts)
         rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
         tails.append(np.percentile(gaps, 99) / np.percentile(gaps, 50))
-    return float(np.median(rates[1:])), float(np.median(tails[1:]))
+    slow = [(int(i) + 1, float(gaps[i]) * 1e6) for i in np.flatnonzero(gaps > 1.15 * np.median(gaps))]
+    return float(np.median(rates[1:])), float(np.median(tails[1:])), slow
 
 
 def release_clock(be, reset: bool = False) -> str:
@@ -619,7 +620,7 @@ def main() -> None:
             if not 0 <= traced < layers - 1:  # (the last layer's refill stamps would run on into the LM head)
                 ap.error(f"--trace-layer {traced}: {name} can trace layers 0-{layers - 2}")
             be = build(lm, args.trace, versions, args.context, traced_layer=traced)
-            r, _ = decode_rates(be, prompt)
+            r, _, _ = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, layers, traced)
             be.close()
@@ -628,11 +629,14 @@ def main() -> None:
             clocked = "release-clock" in label.split("+")
             if clocked:
                 release_clock(be, reset=True)
-            r, tail = decode_rates(be, prompt)
+            r, tail, slow = decode_rates(be, prompt)
             k = be.k_decode  # the device's own build (its NVRTC may allocate registers unlike a local nvcc)
             line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50; "
                         f"{k.num_regs} registers, {k.local_size_bytes} B local a thread)"
                         + (f"; release at the products' start: {release_clock(be)}" if clocked else ""))
+            if slow:  # where a shape's tail comes from: which steps (the context is the prompt's length + step)
+                print(f"  {name}: {label}: last run's slow steps (us): "
+                      + ", ".join(f"{step} ({us:.0f})" for step, us in slow[:24]), flush=True)
             be.close()
             print(f"  {name}: {line[-1]}", flush=True)
         print(f"{name}: " + "; ".join(line), flush=True)
