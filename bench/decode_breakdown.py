@@ -462,18 +462,17 @@ def side_formula(sides: np.ndarray, base: int) -> tuple[int, int, str]:
     addr = base + (np.arange(len(first), dtype=np.int64) << 13)
     clear = first >= 0
     low, page, bit = (addr >> 13 & 255)[clear], (addr >> 21)[clear], first[clear]
-    from bench.side_stream_probe import best_page_mask
+    from bench.side_stream_probe import best_page_mask, parity_table
 
     _, low_mask, page_bit = best_page_mask(bit, low, page, 8)
     pages = np.unique(page)
-    parity = np.array([bin(v).count("1") & 1 for v in range(1 << 14)], dtype=np.int64)
+    parity = parity_table(14)
     varying = np.bitwise_or.reduce(pages ^ pages[0])
     bits = [b for b in range(40) if varying >> b & 1][:14]  # the page address bits that vary over the buffer
     packed = sum(((pages >> b & 1) << i) for i, b in enumerate(bits))  # those bits, side by side
     fits = [(np.sum(page_bit == parity[packed & m] ^ k), m, k) for m in range(1 << len(bits)) for k in (0, 1)]
     agree_pages, packed_mask, flip = max(fits)
     high_mask = sum(1 << b for i, b in enumerate(bits) if packed_mask >> i & 1)
-    flip ^= int(parity_of(pages[:1], high_mask)[0] ^ parity[packed[0] & packed_mask])  # (fixed bits outside `bits`)
     mask = low_mask << 13 | high_mask << 21
     explained = np.mean((parity_of(addr[clear], mask) ^ flip) == bit)
     return mask, flip, (f"pairs' partitions = parity(address & {mask:#x}) ^ {flip}: explains {explained * 100:.2f}% of "

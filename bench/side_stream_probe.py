@@ -110,11 +110,16 @@ def chunk_sides(cp, kernel, buf_words, sm_side: np.ndarray, nsm: int) -> np.ndar
     return out
 
 
+def parity_table(nbits: int) -> np.ndarray:
+    """parity(v) for every v of nbits bits: the fits below look masks' parities up by index."""
+    return np.array([bin(v).count("1") & 1 for v in range(1 << nbits)], dtype=np.int64)
+
+
 def best_page_mask(side: np.ndarray, low: np.ndarray, page: np.ndarray, nbits: int) -> tuple[int, int, np.ndarray]:
     """The mask m of the nbits in-page address bits `low` with side = parity(low & m) xor one bit a page that
     explains most of `side`: (how many it explains, m, each page's bit in np.unique(page)'s order)."""
     pages, page_ix = np.unique(page, return_inverse=True)
-    parity = np.array([bin(v).count("1") & 1 for v in range(1 << nbits)])
+    parity = parity_table(nbits)
     total = np.bincount(page_ix, minlength=len(pages))
     best = (-1, 0, np.zeros(len(pages), dtype=np.int64))
     for m in range(1, 1 << nbits):
@@ -136,7 +141,7 @@ def page_fit(csides: np.ndarray, base: int) -> str:
     low, page, side = (idx & 511)[keep], (idx >> 9)[keep], csides[keep]
     agree, m, bits = best_page_mask(side, low, page, 9)
     pages, page_ix = np.unique(page, return_inverse=True)
-    parity = np.array([bin(v).count("1") & 1 for v in range(512)])
+    parity = parity_table(9)
     whole = np.mean(np.bincount(page_ix, weights=side ^ parity[low & m] ^ bits[page_ix], minlength=len(pages)) == 0)
     return (f"best mask of address bits 12-20: {m:#05x} (bits {[b + 12 for b in range(9) if m >> b & 1]}), one bit a 2 MB "
             f"page: explains {agree / len(side) * 100:.2f}% of {len(side)} clear chunks, {whole * 100:.1f}% of {len(pages)} pages whole")
