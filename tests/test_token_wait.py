@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.backends.token_wait import TokenWait
+from engine.backends.token_wait import TokenWait, follow
 
 
 def steady(wait: TokenWait, gap: float, tokens: int, t0: float = 10.0) -> float:
@@ -74,3 +74,51 @@ def test_rest_yields_inside_the_window_and_sleeps_outside(monkeypatch):
     wait.rest(last + 10e-6)
     wait.rest(last + 900e-6)  # due soon: time.sleep(0) would sleep the timer slack (~56 us)
     assert calls == [("sleep", pytest.approx(1e-3 - 250e-6 - 10e-6)), ("yield",)]
+
+
+class Kernel:
+    """Tokens landing every `gap` seconds of a fake clock that sleeps and yields advance."""
+
+    def __init__(self, gap: float, count: int):
+        self.now = 0.0
+        self.due = [(i + 1) * gap for i in range(count)]
+
+    def __getitem__(self, i: int) -> int:
+        return 100 + i if self.due[i] <= self.now else -1
+
+    def ended(self) -> bool:
+        return self.due[-1] <= self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def follow_with_fake_clock(monkeypatch, kernel: Kernel, stop_ids=frozenset()):
+    import engine.backends.token_wait as token_wait
+
+    monkeypatch.setattr(token_wait.time, "sleep", kernel.advance)
+    monkeypatch.setattr(token_wait, "_yield", lambda: kernel.advance(2e-6))
+    looks = []
+    tokens = follow(kernel, len(kernel.due), set(stop_ids), kernel.ended, lambda: looks.append(kernel.now),
+                    clock=lambda: kernel.now)
+    return tokens, looks
+
+
+def test_follow_takes_every_token_soon_after_it_lands(monkeypatch):
+    kernel = Kernel(gap=2.5e-3, count=40)
+    tokens, _ = follow_with_fake_clock(monkeypatch, kernel)
+    late = []
+    for i, token in enumerate(tokens):
+        assert token == 100 + i
+        late.append(kernel.now - kernel.due[i])
+        kernel.advance(1e-3 if i == 10 else 20e-6)  # the consumer: once it takes 1 ms
+    assert len(late) == 40
+    # the slow consumer delays nothing after it: the next due time counts from when token 10 was found
+    assert max(late[3:]) < 60e-6
+
+
+def test_follow_stops_at_a_stop_id_and_passes_cancels_on_while_waiting(monkeypatch):
+    kernel = Kernel(gap=1e-3, count=10)
+    tokens, looks = follow_with_fake_clock(monkeypatch, kernel, stop_ids={103})
+    assert list(tokens) == [100, 101, 102, 103]
+    assert looks and all(t < kernel.due[3] for t in looks)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +33,7 @@ from engine.backends import cuda_fault
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, hop_space
-from engine.backends.token_wait import TokenWait
+from engine.backends.token_wait import follow
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
 from engine.sampling import SamplingParams
@@ -441,6 +440,11 @@ class CudaBackend(Backend):
             return status == 0
         raise self._fault(self.cp.cuda.runtime.CUDARuntimeError(status))
 
+    def _pass_cancel(self) -> None:
+        """Hand a host cancel() to the kernel, which reads the mapped flag once a token."""
+        if self._cancel.is_set():
+            self.h_cancel[0] = 1
+
     # ---- decode --------------------------------------------------------------------------
     def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
                      debug: str, timeout_s: float) -> None:
@@ -518,23 +522,10 @@ class CudaBackend(Backend):
                 raise KogError(f"cannot launch the decode kernel: {type(e).__name__}: {e}") from None
             done = cp.cuda.Event(block=False, disable_timing=True)
             done.record(self.stream)
-        emitted, finished = 0, False
-        wait = TokenWait()
+        finished = False
         try:
-            while True:
-                kernel_done = self._kernel_ended(done)
-                taken = emitted
-                last = -1
-                while emitted < max_tokens and self.h_tokens[emitted] >= 0:
-                    last = int(self.h_tokens[emitted])
-                    yield last
-                    emitted += 1
-                if kernel_done or emitted == max_tokens or last in stop_ids:
-                    break  # the kernel has ended or is ending: the synchronize below waits for it
-                if self._cancel.is_set():
-                    self.h_cancel[0] = 1
-                wait.seen(time.perf_counter(), emitted - taken)
-                wait.rest(time.perf_counter())
+            # follow returns once the kernel has ended or is ending: the synchronize below waits for it
+            yield from follow(self.h_tokens, max_tokens, stop_ids, lambda: self._kernel_ended(done), self._pass_cancel)
             finished = True
         finally:
             if not finished:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
 
 _yield = getattr(os, "sched_yield", lambda: time.sleep(0))  # POSIX; elsewhere sleep(0) is the yield
 
@@ -33,7 +34,7 @@ class TokenWait:
         self.gap: float | None = None  # running gap between tokens
 
     def seen(self, now: float, count: int) -> None:
-        """`count` new tokens were taken at `now` (perf_counter seconds)."""
+        """`count` new tokens were found at `now` (perf_counter seconds)."""
         if count <= 0:
             return
         if self.last is not None:
@@ -57,3 +58,29 @@ class TokenWait:
             time.sleep(pause)
         else:
             _yield()
+
+
+def follow(tokens: Sequence[int], max_tokens: int, stop_ids: set[int], kernel_ended: Callable[[], bool],
+           on_look: Callable[[], None], wait: TokenWait | None = None,
+           clock: Callable[[], float] = time.perf_counter) -> Iterator[int]:
+    """Yield the tokens a kernel writes into `tokens` (-1 until written) as they land, until
+    the kernel has ended, `max_tokens` came or a stop id did. `kernel_ended` is asked before
+    each look, so a kernel that has ended has all its tokens visible; `on_look` runs before
+    each rest (the caller passes a cancel on)."""
+    wait = wait or TokenWait()
+    emitted = 0
+    while True:
+        ended = kernel_ended()
+        found = emitted
+        while found < max_tokens and tokens[found] >= 0:
+            found += 1
+        wait.seen(clock(), found - emitted)  # before the consumer runs: its time is not the kernel's
+        last = -1
+        for i in range(emitted, found):
+            last = int(tokens[i])
+            yield last
+        emitted = found
+        if ended or emitted == max_tokens or last in stop_ids:
+            return
+        on_look()
+        wait.rest(clock())
