@@ -11,7 +11,7 @@ tensor-core products of split-bf16 terms and fused kernels: the CPU reference's 
 fp32 rounding; it writes the KV cache.
 `decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
-(engine/backends/token_wait.py: when to look) and yields tokens while the kernel runs.
+(engine/backends/token_wait.py: how and when to look) and yields tokens while the kernel runs.
 Cancel is a host-mapped flag the kernel reads once per token; every wait inside the kernel
 has a watchdog, and a timeout comes back as a KogError with the device still usable. A
 device fault (a bad address) ends the process's CUDA context: it comes back as a KogError too,

@@ -1,6 +1,7 @@
-"""How long the host waits before it looks again for the GPU's next token.
+"""The host's side of the decode kernel's token stream: taking the tokens as they land (`follow`), and
+how long to wait before looking again for the next one (`TokenWait`).
 
-The decode kernel writes tokens into host-mapped memory at a steady cadence (0.25-2 ms at
+The decode kernel writes tokens into host-mapped memory at a steady cadence (0.25-6 ms at
 these speeds). A plain `time.sleep(50e-6)` between looks really sleeps ~0.1 ms on Linux (timer
 slack), so a token is taken up to a slice after it landed: that shows as a ~0.1 ms spread in
 the per-token latency (p99 over p50), 10-40% of a token here. Instead the host sleeps in
