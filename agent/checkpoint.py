@@ -13,6 +13,10 @@ any file), a git checkpoint also keeps copies of the small files git ignores (`.
 settings: IGNORED_LIMITS, the shallowest first, outside dependency, build and cache folders)
 under `.kog/checkpoints/<run id>.ignored/`, never in git, where a push could take them; undo
 puts back those a run changed or deleted, and leaves the ignored files a run added alone.
+
+At its end a run seals the record with the files as it leaves them. Undo then refuses, unless
+forced, to overwrite or delete what changed after that (the user's own later work), and in every
+case keeps the files as they were just before the undo under `.kog/checkpoints/<run id>.undone/`.
 """
 
 from __future__ import annotations
@@ -214,6 +218,17 @@ def _blob_id(data: bytes, algorithm: str) -> str:
     return hashlib.new(algorithm, b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def _state(path: Path, algorithm: str) -> list | None:
+    """[mode, blob id] of a file (a link: of its target), as a record holds it; None if absent."""
+    now = _read(path)
+    return None if now is None else [now[0], _blob_id(now[1], algorithm)]
+
+
+def _states(root: Path, paths: list[str], algorithm: str) -> dict[str, list]:
+    states = {p: _state(root / p, algorithm) for p in dict.fromkeys(paths)}
+    return {p: state for p, state in states.items() if state is not None}
+
+
 # --- the checkpoint --------------------------------------------------------------------------
 
 class Checkpoint:
@@ -238,21 +253,28 @@ class Checkpoint:
 
     def take(self) -> dict:
         if self.record is None:
-            files = {}
-            for p in self.store.current():
-                mode, data = _read(self.root / p)
-                files[p] = [mode, _blob_id(data, self.store.algorithm)]
+            files = _states(self.root, self.store.current(), self.store.algorithm)
             record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
             record |= self.store.save(self.run_id, files)
             if self.keep_ignored:
                 record |= _save_ignored(self.root, self.run_id, self.store.ignored(), self.store.algorithm)
-            where = kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json"
-            try:
-                write_atomic(where, json.dumps(record).encode())
-            except OSError as e:  # kog's own failure (a full disk), not the model's: it ends the run
-                raise KogError(f"cannot save the checkpoint {where}: {e.strerror or e}") from None
+            self._write(record)
             self.record = record
         return self.record
+
+    def seal(self) -> None:
+        """Record the files as the run leaves them: undo tells the user's later changes from the run's by them."""
+        if self.record is not None:
+            paths = self.store.current() + list(self.record.get("ignored", {}))
+            self._write(self.record | {"after": _states(self.root, paths, self.store.algorithm)})
+
+    def _write(self, record: dict) -> None:
+        where = kog_dir(self.root) / "checkpoints" / f"{self.run_id}.json"
+        try:
+            write_atomic(where, json.dumps(record).encode())
+        except OSError as e:  # kog's own failure (a full disk), not the model's: it ends the run
+            raise KogError(f"cannot save the checkpoint {where}: {e.strerror or e}") from None
+        self.record = record
 
     def diff(self) -> str:
         """The unified diff from the checkpoint to the files now; empty when nothing was written."""
@@ -333,8 +355,9 @@ def _records(root: Path) -> list[Path]:
     return sorted((root / CHECKPOINTS).glob("*.json"), key=lambda p: (created(p), p.name))
 
 
-def undo(root: Path) -> str:
-    """Restore the newest checkpoint not yet undone; return one line saying what changed."""
+def undo(root: Path, force: bool = False) -> str:
+    """Restore the newest checkpoint not yet undone; return one line saying what changed. Files changed since
+    the run ended stop it unless `force`; what it replaces is kept either way."""
     root = Path(root).resolve()
     if not root.is_dir():
         raise KogError(f"{root} is not a directory")
@@ -353,19 +376,52 @@ def undo(root: Path) -> str:
     store = _store(root, record["kind"])
     # Saved files first: a restored .gitignore decides which of the remaining files count as added.
     try:  # (everything read before anything is written)
-        changed = [c for c in _changes(root, store, record) if c[1] is not None]
+        changes = _changes(root, store, record)
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise KogError(f"{path} cannot be restored: its saved copy is incomplete ({e}); nothing was changed") from None
-    for rel, old, _, mode in changed:
+    kept = f"{CHECKPOINTS}/{record['id']}.undone"
+    later = _changed_since_the_run(root, store.algorithm, record, [c[0] for c in changes])
+    if later and not force:
+        names = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
+        raise KogError(f"{len(later)} file(s) changed since run {record['id']} ended ({names}): undo would overwrite or "
+                       f"delete them; commit or move them first, or pass --force (their copies are then kept in {kept}/)")
+    for rel, _, now, _ in changes:
+        if now is not None or (root / rel).is_dir():
+            _keep_before_undo(root, rel, root / kept)
+    restored = [c for c in changes if c[1] is not None]
+    for rel, old, _, mode in restored:
         _restore(root, root / rel, old, mode)
     added = [rel for rel, old, _, _ in _changes(root, store, record) if old is None]
     for rel in added:
+        if not (root / kept / rel).exists():  # shown by a restored .gitignore: not kept above
+            _keep_before_undo(root, rel, root / kept)
         (root / rel).unlink()
         _prune((root / rel).parent, root)
     record["undone"] = True
     write_atomic(path, json.dumps(record).encode())
-    where = record.get("ref", record.get("folder"))
-    return f"restored {len(changed)} file(s), removed {len(added)} added file(s): back to the state before run {record['id']} ({where})"
+    if record["kind"] == "git":  # its blobs are no longer needed, and a kog/ branch should not linger into a push
+        subprocess.run(["git", "update-ref", "-d", record["ref"]], cwd=root, capture_output=True, check=False)
+    return (f"restored {len(restored)} file(s), removed {len(added)} added file(s): back to the state before run "
+            f"{record['id']}" + (f"; what it replaced is in {kept}/" if (root / kept).exists() else ""))
+
+
+def _changed_since_the_run(root: Path, algorithm: str, record: dict, paths: list[str]) -> list[str]:
+    """Of the files undo would rewrite or delete, those changed since the run sealed its record (none from a run
+    that ended before it could seal, such as a killed one); regenerated caches do not count."""
+    after = record.get("after")
+    if not isinstance(after, dict):
+        return []
+    return [p for p in paths if _state(root / p, algorithm) != after.get(p)
+            and not set(PurePosixPath(p).parts) & (SKIP_DIRS | CACHE_DIRS)]
+
+
+def _keep_before_undo(root: Path, rel: str, folder: Path) -> None:
+    """A copy of what is at `rel` now (a file, a link or a whole folder) under `folder`, before undo replaces it."""
+    source, copy = root / rel, folder / rel
+    if source.is_dir() and not source.is_symlink():
+        shutil.copytree(source, copy, symlinks=True, dirs_exist_ok=True)
+    elif _is_file_or_link(source):
+        _keep_copy(source, copy, LINK if source.is_symlink() else source.lstat().st_mode & 0o7777)
 
 
 def _restore(root: Path, target: Path, data: bytes, mode: int) -> None:

@@ -258,6 +258,7 @@ class Agent:
     # --- the end -----------------------------------------------------------------------------
 
     def finish(self, stop: str, before: TestRun | None, last: TestRun | None) -> dict:
+        self.checkpoint.seal()  # undo tells what the user changes from now on from what the run did
         record = self.checkpoint.record
         summary = {
             "run": self.run_id, "repo": str(self.dry_run_of or self.root), "dry_run": self.dry_run_of is not None,

@@ -91,11 +91,14 @@ def _client(endpoint, api_key, model, device, context, temperature, seed):
     return client
 
 
-def undo_command(path: Path = typer.Argument(..., help="The repository a kog agent run changed.")):
+def undo_command(
+    path: Path = typer.Argument(..., help="The repository a kog agent run changed."),
+    force: bool = typer.Option(False, "--force", help="Undo even where files changed after the run ended (copies of them are kept under .kog/checkpoints/)."),
+):
     """Put PATH back exactly as it was before the latest kog agent run not yet undone."""
     from agent.checkpoint import undo
 
-    err.print(undo(path))
+    err.print(undo(path, force=force), soft_wrap=True)
 
 
 def replay_command(

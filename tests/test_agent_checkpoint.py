@@ -247,3 +247,42 @@ def test_a_damaged_newest_record_stops_undo(tmp_path):
     with pytest.raises(KogError, match="t2.json is damaged"):
         undo(root)
     assert snapshot(root) == before
+
+
+def test_undo_refuses_to_overwrite_what_changed_after_the_run_and_keeps_what_it_replaces(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    checkpoint = Checkpoint(root, "run1")
+    checkpoint.take()
+    (root / "stats.py").write_text("the run's edit\n")
+    checkpoint.seal()
+    (root / "stats.py").write_text("the run's edit\nand the user's, after it\n")
+    (root / "tests/test_stats.py").write_text("edited by the user after the run\n")  # a file the run left alone
+    (root / "after.txt").write_text("new work\n")
+    (root / "pkg/.ruff_cache").mkdir(parents=True)
+    (root / "pkg/.ruff_cache/m").write_bytes(b"regenerated")  # a tool's cache, not ignored here: it does not count
+    later = snapshot(root)
+    with pytest.raises(KogError, match=r"3 file\(s\) changed since run run1 ended \(after.txt, stats.py, tests/test_stats.py\)"):
+        undo(root)
+    assert snapshot(root) == later and "kog/run1" in git(root, "branch", "--list", "kog/*")
+
+    assert "what it replaced is in .kog/checkpoints/run1.undone/" in undo(root, force=True)
+    assert snapshot(root) == before
+    kept = root / ".kog/checkpoints/run1.undone"
+    assert (kept / "stats.py").read_text() == "the run's edit\nand the user's, after it\n"
+    assert (kept / "tests/test_stats.py").read_text() == "edited by the user after the run\n"
+    assert (kept / "after.txt").read_text() == "new work\n"
+    assert git(root, "branch", "--list", "kog/*") == ""  # the checkpoint's branch goes with the undo
+
+
+def test_undo_of_a_sealed_run_with_nothing_changed_since_needs_no_force(tmp_path):
+    root = make_repo(tmp_path, "py_mean", use_git=False)
+    before = snapshot(root)
+    checkpoint = Checkpoint(root, "run1")
+    checkpoint.take()
+    (root / "stats.py").write_text("the run's edit\n")
+    (root / "new.py").write_text("added by the run\n")
+    checkpoint.seal()
+    assert "restored 1 file(s), removed 1 added file(s)" in undo(root)
+    assert snapshot(root) == before
+    assert (root / ".kog/checkpoints/run1.undone/new.py").read_text() == "added by the run\n"

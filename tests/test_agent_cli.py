@@ -56,9 +56,16 @@ def test_fix_through_an_endpoint_then_replay_then_undo(tmp_path):
     shown = kog("agent", "replay", str(cut))
     assert shown.returncode == 0 and "step 2" in shown.stdout, shown.stderr
 
-    undone = kog("agent", "undo", str(root))
-    assert undone.returncode == 0 and "restored 1 file(s)" in undone.stderr
+    (root / "notes.txt").write_text("the user's own work, after the run\n")
+    after_the_run = snapshot(root)
+    assert_one_line_error(kog("agent", "undo", str(root)), "1 file(s) changed since run")
+    assert snapshot(root) == after_the_run  # refused: nothing touched
+    undone = kog("agent", "undo", str(root), "--force")
+    assert undone.returncode == 0 and "restored 1 file(s), removed 1 added file(s)" in undone.stderr
     assert snapshot(root) == before
+    kept = root / ".kog/checkpoints" / f"{summary['checkpoint']['id']}.undone"
+    assert (kept / "notes.txt").read_text() == "the user's own work, after the run\n"
+    assert "return total(values) / len(values)" in (kept / "stats.py").read_text()  # the run's fix, kept too
     assert_one_line_error(kog("agent", "undo", str(root)), "nothing to undo")
 
 
