@@ -25,6 +25,11 @@ def notice(text: str | None) -> None:
         err.print(text, style="yellow", soft_wrap=True)
 
 
+def print_error(message: str) -> None:
+    """The one `error:` line a failed command ends with."""
+    err.print(Text.assemble(("error:", "red"), f" {message}"), soft_wrap=True)
+
+
 def user_errors(command):
     """One line and a non-zero exit for the user's mistakes; never a traceback."""
 
@@ -33,13 +38,13 @@ def user_errors(command):
         try:
             return command(*args, **kwargs)
         except KogError as e:
-            err.print(Text.assemble(("error:", "red"), f" {e}"), soft_wrap=True)
+            print_error(str(e))
             raise typer.Exit(1) from None
         except KeyboardInterrupt:
             err.print("interrupted")
             raise typer.Exit(130) from None
         except MemoryError:  # a model too large for this machine's memory (or its limit)
-            err.print(Text.assemble(("error:", "red"), " out of memory: this model does not fit here; try a smaller one"))
+            print_error("out of memory: this model does not fit here; try a smaller one")
             raise typer.Exit(1) from None
 
     return wrapper

@@ -7,6 +7,7 @@ Commands for the larger front ends live in their own modules and register themse
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Optional
 
@@ -15,7 +16,7 @@ import typer
 from engine import __version__
 from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
-from kogcli.common import err, notice, print_table, user_errors
+from kogcli.common import err, notice, print_error, print_table, user_errors
 
 app = typer.Typer(
     help="Run a local LLM at the decode speed your hardware allows.",
@@ -154,3 +155,18 @@ def run() -> None:
     except SystemExit as e:
         end_process_after_fault(e.code if isinstance(e.code, int) else 1)
         raise
+    except OSError as e:  # commands turn their own I/O failures into KogErrors: what is left is the output's
+        _output_failed(e)
+
+
+def _output_failed(error: OSError) -> None:
+    """One line for an OSError that reached the top, then exit 1. One that names no file is a failed write
+    of the output (a full disk, a closed terminal)."""
+    if error.filename:
+        what = f"{error.filename}: "
+    else:
+        what = "cannot write the output: "
+        # what stdout still holds goes nowhere, so that Python's flush at exit prints no second error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    print_error(f"{what}{error.strerror or error}")
+    sys.exit(1)

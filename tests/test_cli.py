@@ -41,6 +41,14 @@ def test_every_command_has_help(command):
     assert result.returncode == 0 and "Usage" in result.stdout
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [("models",), ("--version",)])
+def test_output_on_a_full_disk_is_one_error_line(args):
+    with open("/dev/full", "w") as full:
+        result = subprocess.run([*KOG, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert_one_line_error(result, "cannot write the output: No space left on device")
+
+
 def test_models_marks_the_default(default_gguf):
     result = kog("models", env={"COLUMNS": "200"})
     assert result.returncode == 0
