@@ -62,6 +62,9 @@ def chat_command(
             chat_id = chat.id
         options = ChatOptions(model=model, device=device, context=context, system=system, temperature=temperature,
                               seed=seed, max_tokens=max_tokens, resume=chat_id)
-        ChatApp(options, store).run()
+        app = ChatApp(options, store)
+        app.run()
+        if app.startup_error:
+            raise KogError(app.startup_error)
         if store.notice:  # also shown in the app; repeated where it outlives the screen
             err.print(f"note: {store.notice}", soft_wrap=True)

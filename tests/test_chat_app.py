@@ -235,6 +235,19 @@ def test_unknown_model_is_an_error_line_and_the_current_model_stays(default_gguf
     run(scenario())
 
 
+def test_a_model_named_on_the_command_line_that_cannot_load_ends_the_app_with_its_error(tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file at all")
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu", model=str(broken))
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: app.startup_error, 20, "the load to fail")
+        assert "corrupt or truncated GGUF file" in app.startup_error and app.return_code == 1
+
+    run(scenario())
+
+
 def test_slash_commands_end_to_end(default_gguf, tmp_path, monkeypatch):
     model = loaded(default_gguf)
     reply = "Here:\n\n```python\nprint('hi')\n```\n"

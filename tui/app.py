@@ -120,6 +120,7 @@ class ChatApp(App):
         self._generate_worker: Worker | None = None
         self._last_stats: GenerationStats | None = None
         self._context_used = 0  # the conversation's tokens, as the status bar shows them between replies
+        self.startup_error: str | None = None  # why the model named on the command line did not load (the app exits)
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a query from the app searches whichever screen is on top.
@@ -188,6 +189,10 @@ class ChatApp(App):
             return
         self.loading = None
         if event.error is not None:
+            if event.seq == 1 and self.options.model is not None:  # `--model` named one that cannot load: say so and end
+                self.startup_error = event.error
+                self.exit(return_code=1)
+                return
             await self.conversation.add_error(event.error)
             return
         if self.session is not None:
