@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -100,13 +101,13 @@ def bench_command(
         _print_quick(results[0], info, bandwidth)
     else:
         _print_table(results, info, bandwidth)
-    try:
-        if json_file is not None:
-            write_atomic(json_file, json.dumps(report, indent=1).encode())
-        if plot_file is not None:
-            _plot(results, bandwidth, plot_file)
-    except OSError as e:
-        raise KogError(f"cannot write {e.filename or 'the report'}: {e.strerror or e}") from None
+    for path, write in ((json_file, lambda p: write_atomic(p, json.dumps(report, indent=1).encode())),
+                        (plot_file, lambda p: _plot(results, bandwidth, p))):
+        if path is not None:
+            try:
+                write(path)
+            except OSError as e:  # (e.filename may be write_atomic's temporary file: the user's path is the news)
+                raise KogError(f"cannot write {path}: {e.strerror or e}") from None
 
 
 def _check_fits(name: str, max_context: int, workloads) -> None:
@@ -125,8 +126,14 @@ def _check_writable(path: Path) -> None:
             folder = folder.parent
     except OSError as e:  # a folder on the way this user may not enter
         raise KogError(f"cannot write {path}: {e.strerror or e}") from None
-    if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-        raise KogError(f"cannot write {path}: {folder} is not a folder this user may write in")
+    if not folder.is_dir():
+        raise KogError(f"cannot write {path}: {folder} is not a folder")
+    try:  # a real file: permission bits do not tell of read-only mounts or /proc (nor root's limits)
+        fd, probe = tempfile.mkstemp(prefix=".kog-probe-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise KogError(f"cannot write {path}: {e.strerror or e} in {folder}") from None
 
 
 def _default_tokens(device: str, quick: bool) -> int:
