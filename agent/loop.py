@@ -103,6 +103,9 @@ class Agent:
         try:
             before = last = self.test("before")
             self.emit({"type": "tests", "label": "before", "tests": before.as_dict()})
+            if before.could_not_start:  # no edit of the repository installs a missing program
+                said = before.output.strip().splitlines()[-1:] or [f"exit {before.exit_code}"]
+                raise KogError(f"the test command cannot run ({said[0]}); install what it needs or pass --test-cmd")
             if before.green:
                 return self.finish("already passing", before, last)
             self.history.add("user", self.task(before), prompts.task_brief(self.command.command))

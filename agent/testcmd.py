@@ -46,6 +46,12 @@ class TestRun:
     def green(self) -> bool:
         return self.exit_code == 0 and not self.timed_out
 
+    @property
+    def could_not_start(self) -> bool:
+        """The shell's codes for a program it could not find (127) or run (126), also as a runner passes them on
+        (npm, for a script's missing tool)."""
+        return self.exit_code in (126, 127) and not self.timed_out
+
     def headline(self) -> str:
         if self.timed_out:
             return f"timed out after {self.duration_s:.0f} s (killed)"

@@ -131,6 +131,16 @@ def test_a_repository_without_a_test_command(tmp_path):
     assert not (tmp_path / ".kog").exists()
 
 
+def test_a_test_command_that_cannot_start_ends_before_any_step(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    with ScriptedServer([FIX_MEAN]) as server:
+        result = kog("agent", "fix", str(root), "--endpoint", server.url, "--test-cmd", "no-such-test-runner-xyz")
+    assert_one_line_error(result, "the test command cannot run (")
+    assert "no-such-test-runner-xyz" in result.stderr and "not found" in result.stderr
+    assert [r["path"] for r in server.requests] == ["/v1/models"] and snapshot(root) == before  # no step asked
+
+
 @pytest.mark.slow
 def test_smoke_run_of_the_default_model(tmp_path, default_gguf):
     """The real model on CPU with a tiny budget: the loop runs, keeps to the budget, and the
