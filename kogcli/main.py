@@ -75,7 +75,7 @@ def pull_command(target: str = typer.Argument(..., help="A model name from `kog 
 @app.command("generate")
 @user_errors
 def generate_command(
-    prompt: str = typer.Argument(..., help="The prompt (a user message unless --raw)."),
+    prompt: str = typer.Argument(..., help="The prompt (a user message unless --raw); - reads it from standard input."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, hf:ORG/REPO or path; default: the registry's default."),
     device: str = typer.Option("auto", "--device", "-d", help="auto, cpu or cuda."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Generate at most this many tokens."),
@@ -96,6 +96,13 @@ def generate_command(
     from engine.sampling import SamplingParams
 
     # the command line's own mistakes, before a model is downloaded or loaded
+    if prompt == "-":
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError:
+            raise KogError("standard input is not UTF-8 text") from None
+    if not prompt.strip():
+        raise KogError("empty prompt")
     params = SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
         repetition_penalty=repetition_penalty, seed=seed,

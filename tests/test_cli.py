@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -170,6 +171,23 @@ def test_bad_sampling_parameter():
 def test_bad_options_are_refused_before_any_download(tmp_path, args, fragment):
     assert_one_line_error(kog("generate", "hi", *args, env=OFFLINE | {"KOG_HOME": str(tmp_path)}), fragment)
     assert not any(p.is_file() for p in tmp_path.rglob("*"))
+
+
+@pytest.mark.parametrize("prompt, stdin", [("", None), (" \n\t", None), ("-", "  \n")])
+def test_an_empty_prompt_is_refused_before_any_download(tmp_path, prompt, stdin):
+    result = subprocess.run([*KOG, "generate", prompt], input=stdin or "", capture_output=True, text=True, timeout=120,
+                            env=os.environ | OFFLINE | {"KOG_HOME": str(tmp_path)})
+    assert_one_line_error(result, "empty prompt")
+
+
+def test_generate_reads_the_prompt_from_standard_input_after_a_dash(default_gguf):
+    piped = subprocess.run([*KOG, "generate", "-", "--raw", "--device", "cpu", "--max-tokens", "6"],
+                           input="The capital of France is", capture_output=True, text=True, timeout=300)
+    given = kog("generate", "The capital of France is", "--raw", "--device", "cpu", "--max-tokens", "6")
+    assert piped.returncode == 0 and given.returncode == 0, piped.stderr + given.stderr
+    assert piped.stdout == given.stdout
+    prompt_tokens = [re.search(r"\((\d+) prompt", " ".join(r.stderr.split())).group(1) for r in (piped, given)]
+    assert prompt_tokens[0] == prompt_tokens[1]
 
 
 def test_corrupt_local_model(tmp_path):
