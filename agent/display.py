@@ -113,7 +113,7 @@ class Display:
 
     def show(self, record: dict) -> None:
         if record.get("type") == "end":
-            self.console.print(*summary(record["summary"]))
+            self.console.print(Group(*summary(record["summary"])))
 
     def close(self) -> None:
         pass

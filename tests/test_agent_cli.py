@@ -72,9 +72,12 @@ def test_fix_through_an_endpoint_then_replay_then_undo(tmp_path):
 def test_an_unfixed_run_exits_3_with_the_summary(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     with ScriptedServer(["@read_file stats.py\n"]) as server:
-        result = kog("agent", "fix", str(root), "--endpoint", server.url, "--max-steps", "1", "--quiet")
+        result = kog("agent", "fix", str(root), "--endpoint", server.url, "--max-steps", "1", "--quiet",
+                     env={"COLUMNS": "200"})
     assert result.returncode == 3, result.stderr
-    assert "not fixed (stopped: max steps)" in result.stdout and "1 step ·" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == "── not fixed (stopped: max steps)"  # the summary's lines each on their own
+    assert lines[1].startswith("tests: before fail") and lines[2].startswith("1 step ·")
 
 
 def test_dry_run_from_the_command_line_writes_nothing(tmp_path):
