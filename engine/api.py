@@ -17,7 +17,7 @@ def load(target: str | None = None, progress: bool = True) -> LoadedModel:
     model can be many gigabytes.
     """
     registry = Registry()
-    resolved = registry.resolve(target or registry.default().name)
+    resolved = registry.resolve(target)
     if resolved.spec is not None and not installed(resolved.spec):
         if not resolved.spec.default:
             raise KogError(f"model {resolved.name} is not installed; run: kog pull {resolved.name}")

@@ -82,7 +82,12 @@ class Registry:
         except KeyError:
             raise self._unknown(name) from None
 
-    def resolve(self, target: str) -> ResolvedModel:
+    def resolve(self, target: str | None) -> ResolvedModel:
+        """A registry name, hf:ORG/REPO or a local path; None is the default model."""
+        if target is None:
+            target = self.default().name
+        if not target.strip():
+            raise KogError("the model name is empty: give a name from `kog models`, hf:ORG/REPO or a path")
         if target in self._specs:
             spec = self._specs[target]
             return ResolvedModel(spec.name, local_path(spec), spec)

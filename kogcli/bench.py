@@ -66,7 +66,7 @@ def bench_command(
 
     registry = Registry()
     for target in targets:  # fail on a bad name, a context too long, or a default model that cannot be pulled, before minutes of measuring
-        spec = registry.resolve(target or registry.default().name).spec
+        spec = registry.resolve(target).spec
         if spec is not None:
             _check_fits(spec.name, spec.context, workloads)
             if spec.default:
@@ -150,7 +150,7 @@ def _load(target: str | None):
     from engine.synthetic import synthetic_model
 
     registry = Registry()
-    resolved = registry.resolve(target or registry.default().name)
+    resolved = registry.resolve(target)
     spec = resolved.spec
     if spec is None or installed(spec) or spec.default:
         return load(target), False

@@ -120,6 +120,15 @@ def test_unknown_name_without_anything_close():
     assert_one_line(err)
 
 
+def test_none_is_the_default_and_an_empty_name_is_refused():
+    registry = Registry()
+    assert registry.resolve(None).spec is registry.default()
+    for empty in ("", "  "):  # not the current folder, nor silently the default
+        with pytest.raises(KogError, match="the model name is empty") as err:
+            registry.resolve(empty)
+        assert_one_line(err)
+
+
 def test_resolve_registry_name(tmp_path):
     reg = Registry(write_registry(tmp_path, valid_text()))
     r = reg.resolve("tiny")

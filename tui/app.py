@@ -66,7 +66,7 @@ def missing_model(target: str | None) -> ModelSpec | None:
     """The registry model `target` names if it still has to be downloaded."""
     try:
         registry = Registry()
-        spec = registry.resolve(target or registry.default().name).spec
+        spec = registry.resolve(target).spec
     except KogError:
         return None  # loading reports the problem
     return spec if spec is not None and not installed(spec) else None
