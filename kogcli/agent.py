@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
 
 def fix_command(
-    path: Path = typer.Argument(..., help="The repository whose tests fail."),
+    path: Path = typer.Argument(..., metavar="PATH", help="The repository whose tests fail."),
     test_cmd: Optional[str] = typer.Option(None, "--test-cmd", help="The command that runs the tests (default: detected)."),
     max_steps: int = typer.Option(20, "--max-steps", help="Ask the model at most this many times."),
     max_tokens: int = typer.Option(20_000, "--max-tokens", help="Generate at most this many tokens over the whole run."),
@@ -92,7 +92,7 @@ def _client(endpoint, api_key, model, device, context, temperature, seed):
 
 
 def undo_command(
-    path: Path = typer.Argument(..., help="The repository a kog agent run changed."),
+    path: Path = typer.Argument(..., metavar="PATH", help="The repository a kog agent run changed."),
     force: bool = typer.Option(False, "--force", help="Undo even where files changed after the run ended (copies of them are kept under .kog/checkpoints/)."),
 ):
     """Put PATH back exactly as it was before the latest kog agent run not yet undone."""
@@ -102,7 +102,7 @@ def undo_command(
 
 
 def replay_command(
-    file: Path = typer.Argument(..., help="A trajectory log (.kog/runs/*.jsonl or --log)."),
+    file: Path = typer.Argument(..., metavar="FILE", help="A trajectory log (.kog/runs/*.jsonl or --log)."),
     full: bool = typer.Option(False, "--full", help="Also show every model output, tool result and test output."),
 ):
     """Re-render a kog agent run from its log."""

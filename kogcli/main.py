@@ -64,7 +64,7 @@ def models_command():
 
 @app.command("pull")
 @user_errors
-def pull_command(target: str = typer.Argument(..., help="A model name from `kog models`, hf:ORG/REPO, or a local path.")):
+def pull_command(target: str = typer.Argument(..., metavar="TARGET", help="A model name from `kog models`, hf:ORG/REPO, or a local path.")):
     """Download a model (resumable, verified) into kog's cache."""
     from engine.pull import pull
 
@@ -75,7 +75,7 @@ def pull_command(target: str = typer.Argument(..., help="A model name from `kog 
 @app.command("generate")
 @user_errors
 def generate_command(
-    prompt: str = typer.Argument(..., help="The prompt (a user message unless --raw); - reads it from standard input."),
+    prompt: str = typer.Argument(..., metavar="PROMPT", help="The prompt (a user message unless --raw); - reads it from standard input."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Model name, hf:ORG/REPO or path; default: the registry's default."),
     device: str = typer.Option("auto", "--device", "-d", help="auto, cpu or cuda."),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="Generate at most this many tokens."),
