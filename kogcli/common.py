@@ -7,6 +7,7 @@ too), an interrupt exit status 130, so users never see a traceback for a problem
 from __future__ import annotations
 
 import functools
+import os
 
 import typer
 from rich.console import Console
@@ -52,14 +53,18 @@ def user_errors(command):
 
 def print_table(title: str, columns: list[str], rows: list[dict[str, str]], right: set[str] = frozenset()) -> None:
     """One row an item where the terminal is wide enough, else one block an item: a value is never
-    cut (a name is what the user types next, a number what they came for). Text is not markup."""
+    cut (a name is what the user types next, a number what they came for). Text is not markup.
+    Into a pipe (no terminal, no COLUMNS) always one row an item, so that `grep` sees whole rows."""
     console = Console(markup=False)
     table = Table(title=title)
     for column in columns:
         table.add_column(column, justify="right" if column in right else "left", no_wrap=True)
     for cells in rows:
         table.add_row(*(cells.get(column, "") for column in columns))
-    if console.measure(table, options=console.options.update(max_width=1 << 16)).maximum <= console.width:
+    width = console.measure(table, options=console.options.update(max_width=1 << 16)).maximum
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = max(console.width, width)
+    if width <= console.width:
         console.print(table)
         return
     console.print(title)

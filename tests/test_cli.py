@@ -58,6 +58,17 @@ def test_models_marks_the_default(default_gguf):
     assert "qwen3-1.7b" in result.stdout
 
 
+def test_models_into_a_pipe_is_one_row_a_model():
+    from engine.registry import Registry
+
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    result = subprocess.run([*KOG, "models"], capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr
+    for spec in Registry().all():  # `kog models | grep NAME` shows the whole row
+        row = next(line for line in result.stdout.splitlines() if f" {spec.name} " in line)
+        assert spec.arch in row and spec.license in row and str(spec.context) in row
+
+
 def test_models_shows_every_name_whole_in_a_narrow_terminal():
     from engine.registry import Registry
 
