@@ -157,3 +157,6 @@ def replay(records: list[dict], console: Console, full: bool = False) -> None:
         except (KeyError, TypeError, AttributeError):
             raise KogError(f"record {number} ({record.get('type')}) lacks fields kog agent writes; was the log edited?") from None
         console.print(Group(*shown))
+    if records[-1].get("type") != "end":
+        console.print(Text("── the log ends before the run's summary: the run was stopped (killed), or is still going",
+                           style="bold yellow"))

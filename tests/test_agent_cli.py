@@ -55,6 +55,7 @@ def test_fix_through_an_endpoint_then_replay_then_undo(tmp_path):
     cut.write_text(text[: text.rindex("\n", 0, len(text) - 1) + 40])
     shown = kog("agent", "replay", str(cut))
     assert shown.returncode == 0 and "step 2" in shown.stdout, shown.stderr
+    assert "the log ends before the run's summary" in shown.stdout and "ends before" not in kog("agent", "replay", log).stdout
 
     (root / "notes.txt").write_text("the user's own work, after the run\n")
     after_the_run = snapshot(root)
