@@ -380,21 +380,20 @@ def undo(root: Path, force: bool = False) -> str:
     except (OSError, KeyError, TypeError, ValueError) as e:
         raise KogError(f"{path} cannot be restored: its saved copy is incomplete ({e}); nothing was changed") from None
     kept = f"{CHECKPOINTS}/{record['id']}.undone"
-    later = _changed_since_the_run(root, store.algorithm, record, [c[0] for c in changes])
+    replaced = [p for p in dict.fromkeys(_in_the_way(root, c[0]) for c in changes) if p is not None]
+    later = _changed_since_the_run(root, store.algorithm, record, replaced)
     if later and not force:
         names = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
         raise KogError(f"{len(later)} file(s) changed since run {record['id']} ended ({names}): undo would overwrite or "
                        f"delete them; commit or move them first, or pass --force (their copies are then kept in {kept}/)")
-    for rel, _, now, _ in changes:
-        if now is not None or (root / rel).is_dir():
-            _keep_before_undo(root, rel, root / kept)
+    for rel in replaced:
+        _keep_before_undo(root, rel, root / kept)
     restored = [c for c in changes if c[1] is not None]
     for rel, old, _, mode in restored:
         _restore(root, root / rel, old, mode)
     added = [rel for rel, old, _, _ in _changes(root, store, record) if old is None]
     for rel in added:
-        if not (root / kept / rel).exists():  # shown by a restored .gitignore: not kept above
-            _keep_before_undo(root, rel, root / kept)
+        _keep_before_undo(root, rel, root / kept)  # (one a restored .gitignore shows was not kept above)
         (root / rel).unlink()
         _prune((root / rel).parent, root)
     record["undone"] = True
@@ -405,21 +404,38 @@ def undo(root: Path, force: bool = False) -> str:
             f"{record['id']}" + (f"; what it replaced is in {kept}/" if (root / kept).exists() else ""))
 
 
+def _in_the_way(root: Path, rel: str) -> str | None:
+    """What undo removes to put `rel` back: a file or link standing where one of its folders goes (`_clear_way`;
+    nothing past a link, which lies outside the repository, is touched), else `rel` itself if anything is there."""
+    parts = PurePosixPath(rel).parts
+    for depth in range(1, len(parts)):
+        folder = root.joinpath(*parts[:depth])
+        if folder.is_symlink() or folder.is_file():
+            return "/".join(parts[:depth])
+        if not folder.exists():
+            return None
+    return rel if os.path.lexists(root / rel) else None
+
+
 def _changed_since_the_run(root: Path, algorithm: str, record: dict, paths: list[str]) -> list[str]:
-    """Of the files undo would rewrite or delete, those changed since the run sealed its record (none from a run
-    that ended before it could seal, such as a killed one); regenerated caches do not count."""
+    """Of the paths undo would replace, those changed since the run sealed its record (none from a run that ended
+    before it could seal, such as a killed one). A tool's cache the checkpoint did not hold does not count."""
     after = record.get("after")
     if not isinstance(after, dict):
         return []
-    return [p for p in paths if _state(root / p, algorithm) != after.get(p)
-            and not set(PurePosixPath(p).parts) & (SKIP_DIRS | CACHE_DIRS)]
+    def a_cache(p: str) -> bool:
+        return p not in record["files"] and bool(set(PurePosixPath(p).parts) & (CACHE_DIRS | {"__pycache__"}))
+    return [p for p in paths if _state(root / p, algorithm) != after.get(p) and not a_cache(p)]
 
 
 def _keep_before_undo(root: Path, rel: str, folder: Path) -> None:
-    """A copy of what is at `rel` now (a file, a link or a whole folder) under `folder`, before undo replaces it."""
+    """A copy of what is at `rel` now (a file, a link or a whole folder) under `folder`, before undo replaces it;
+    nothing if it is kept already (inside a folder kept whole)."""
     source, copy = root / rel, folder / rel
+    if os.path.lexists(copy) or not copy.parent.resolve().is_relative_to(folder.resolve()):
+        return  # (the second: a kept link on the way would take the copy outside)
     if source.is_dir() and not source.is_symlink():
-        shutil.copytree(source, copy, symlinks=True, dirs_exist_ok=True)
+        shutil.copytree(source, copy, symlinks=True)
     elif _is_file_or_link(source):
         _keep_copy(source, copy, LINK if source.is_symlink() else source.lstat().st_mode & 0o7777)
 

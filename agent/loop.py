@@ -261,7 +261,6 @@ class Agent:
     # --- the end -----------------------------------------------------------------------------
 
     def finish(self, stop: str, before: TestRun | None, last: TestRun | None) -> dict:
-        self.checkpoint.seal()  # undo tells what the user changes from now on from what the run did
         record = self.checkpoint.record
         summary = {
             "run": self.run_id, "repo": str(self.dry_run_of or self.root), "dry_run": self.dry_run_of is not None,
@@ -280,6 +279,7 @@ class Agent:
             "diff": self.checkpoint.diff(),
         }
         self.emit({"type": "end", "summary": summary})
+        self.checkpoint.seal()  # last (after the log's end, were the log in the tree): undo tells the user's later changes by it
         return summary
 
     def emit(self, record: dict) -> None:

@@ -6,6 +6,7 @@ Commands for the larger front ends live in their own modules and register themse
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -17,6 +18,8 @@ from engine import __version__
 from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
 from kogcli.common import err, notice, print_error, print_table, user_errors
+
+OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF}  # a write that failed
 
 app = typer.Typer(
     help="Run a local LLM at the decode speed your hardware allows.",
@@ -97,10 +100,17 @@ def generate_command(
 
     # the command line's own mistakes, before a model is downloaded or loaded
     if prompt == "-":
+        if sys.stdin is None:
+            raise KogError("no standard input to read the prompt from")
         try:
-            prompt = sys.stdin.read()
+            prompt = sys.stdin.buffer.read().decode("utf-8")
         except UnicodeDecodeError:
             raise KogError("standard input is not UTF-8 text") from None
+    elif not prompt.isascii():
+        try:  # (an argument's undecodable bytes arrive as surrogates)
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise KogError("the prompt is not UTF-8 text") from None
     if not prompt.strip():
         raise KogError("empty prompt")
     params = SamplingParams(
@@ -167,13 +177,13 @@ def run() -> None:
 
 
 def _output_failed(error: OSError) -> None:
-    """One line for an OSError that reached the top, then exit 1. One that names no file is a failed write
-    of the output (a full disk, a closed terminal)."""
-    if error.filename:
-        what = f"{error.filename}: "
-    else:
-        what = "cannot write the output: "
+    """One line for an OSError that reached the top, then exit 1: a failed write of the output (a full disk, a
+    closed terminal) says so; any other names what it is."""
+    if error.errno in OUTPUT_ERRNOS and not error.filename:
         # what stdout still holds goes nowhere, so that Python's flush at exit prints no second error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    print_error(f"{what}{error.strerror or error}")
+        print_error(f"cannot write the output: {error.strerror}")
+    else:
+        print_error(f"{type(error).__name__}: {error}")
+    end_process_after_fault(1)
     sys.exit(1)

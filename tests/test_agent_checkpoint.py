@@ -286,3 +286,82 @@ def test_undo_of_a_sealed_run_with_nothing_changed_since_needs_no_force(tmp_path
     assert "restored 1 file(s), removed 1 added file(s)" in undo(root)
     assert snapshot(root) == before
     assert (root / ".kog/checkpoints/run1.undone/new.py").read_text() == "added by the run\n"
+
+
+def sealed_run(root, edit):
+    """A checkpoint, the run's `edit`, and the seal a run's end writes."""
+    checkpoint = Checkpoint(root, "run1")
+    checkpoint.take()
+    edit(root)
+    checkpoint.seal()
+
+
+@pytest.mark.parametrize("use_git", [True, False])
+def test_undo_of_a_run_that_added_a_relative_link(tmp_path, use_git):
+    root = make_repo(tmp_path, "py_mean", use_git=use_git)
+    before = snapshot(root)
+    sealed_run(root, lambda r: (r / "alias.py").symlink_to("tests/test_stats.py"))  # dangling from the kept copy
+    assert "removed 1 added file(s)" in undo(root)
+    assert snapshot(root) == before and os.readlink(root / ".kog/checkpoints/run1.undone/alias.py") == "tests/test_stats.py"
+
+
+def test_what_the_user_put_in_a_files_place_after_the_run_is_kept_whole(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    sealed_run(root, lambda r: (r / "stats.py").write_text("the run's edit\n"))
+    (root / "stats.py").unlink()
+    (root / "stats.py").mkdir()  # a folder, with a link and a read-only file
+    (root / "stats.py/a.txt").write_text("the user's\n")
+    (root / "stats.py/a.txt").chmod(0o444)
+    (root / "stats.py/link").symlink_to("a.txt")
+    with pytest.raises(KogError, match=r"changed since run run1 ended \(stats.py"):
+        undo(root)
+    undo(root, force=True)
+    assert snapshot(root) == before
+    kept = root / ".kog/checkpoints/run1.undone/stats.py"
+    assert (kept / "a.txt").read_text() == "the user's\n" and os.readlink(kept / "link") == "a.txt"
+
+
+@pytest.mark.parametrize("absolute", [True, False])
+def test_undo_never_writes_through_a_folder_the_user_turned_into_a_link(tmp_path, absolute):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    sealed_run(root, lambda r: (r / "tests/test_stats.py").write_text("the run's edit\n"))
+    elsewhere = tmp_path / "elsewhere"
+    os.rename(root / "tests", elsewhere)
+    (elsewhere / "test_stats.py").write_text("the user's, outside\n")
+    (root / "tests").symlink_to(elsewhere if absolute else "../elsewhere")
+    with pytest.raises(KogError, match=r"\(tests\)"):
+        undo(root)
+    undo(root, force=True)
+    assert snapshot(root) == before and (elsewhere / "test_stats.py").read_text() == "the user's, outside\n"
+    assert (root / ".kog/checkpoints/run1.undone/tests").is_symlink()
+
+
+def test_a_later_edit_under_a_tracked_build_folder_stops_undo(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    (root / "build").mkdir()
+    (root / "build/release.sh").write_text("echo v1\n")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "build script")
+    sealed_run(root, lambda r: (r / "stats.py").write_text("the run's edit\n"))
+    (root / "build/release.sh").write_text("echo v2\n")  # a folder name tools use, but the project's own file
+    with pytest.raises(KogError, match=r"\(build/release.sh\)"):
+        undo(root)
+
+
+def test_a_file_standing_where_a_folder_goes_back_stops_undo_and_is_kept(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    ignore(root, "out")
+    (root / "out").mkdir()
+    (root / "out/keep.cfg").write_text("tracked on purpose\n")
+    git(root, "add", "-f", "out/keep.cfg")
+    git(root, "commit", "-qm", "config")
+    before = snapshot(root)
+    sealed_run(root, lambda r: ((r / "out/keep.cfg").unlink(), (r / "out").rmdir()))
+    (root / "out").write_text("the user's file, made after the run\n")
+    with pytest.raises(KogError, match=r"\(out\)"):
+        undo(root)
+    undo(root, force=True)
+    assert snapshot(root) == before
+    assert (root / ".kog/checkpoints/run1.undone/out").read_text() == "the user's file, made after the run\n"

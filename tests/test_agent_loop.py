@@ -341,6 +341,16 @@ def test_undo_brings_back_an_ignored_file_a_command_deleted(tmp_path):
     assert snapshot(root) == before
 
 
+def test_a_log_inside_the_repository_does_not_stop_undo(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    display = Display(Console(file=io.StringIO()))
+    summary = fix(root, ScriptedModel([FIX_MEAN]), Options(test_cmd=QUICK_MEAN_TEST), display, root / "run.jsonl")
+    assert summary["fixed"]
+    undo(root)  # the log's lines after the checkpoint are the run's own: the seal comes after its last one
+    assert snapshot(root)["stats.py"] == before["stats.py"]
+
+
 def test_old_output_is_dropped_to_stay_inside_a_small_window(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     (root / "big.py").write_text("".join(f"value_{i} = {i}  # padding padding padding\n" for i in range(400)))

@@ -26,6 +26,7 @@ from chat_helpers import (
 from textual.widgets import Static
 
 from tui.screens.chats import ChatList
+from tui.screens.confirm import Confirm
 from tui.screens.code import CodeView
 from tui.store import ChatStore
 from tui.widgets.conversation import MessageView
@@ -244,6 +245,24 @@ def test_a_model_named_on_the_command_line_that_cannot_load_ends_the_app_with_it
         async with app.run_test(size=(100, 30)) as pilot:
             await wait_for(pilot, lambda: app.startup_error, 20, "the load to fail")
         assert "corrupt or truncated GGUF file" in app.startup_error and app.return_code == 1
+
+    run(scenario())
+
+
+def test_a_model_that_fails_after_a_declined_startup_download_is_only_an_error_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file at all")
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu", model="qwen3-0.6b")  # not installed: the app asks
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_for(pilot, lambda: isinstance(app.screen, Confirm), 10, "the question")
+            await pilot.press("n")
+            await wait_for(pilot, lambda: len(app.screen_stack) == 1, 10, "the question to close")
+            await send(pilot, app, f"/model {broken}")
+            await wait_for(pilot, lambda: errors(app), 20, "the load to fail")
+            assert app.startup_error is None and app.is_running  # typed in the app: the app goes on
 
     run(scenario())
 

@@ -191,6 +191,19 @@ def test_an_empty_prompt_is_refused_before_any_download(tmp_path, prompt, stdin)
     assert_one_line_error(result, "empty prompt")
 
 
+@pytest.mark.parametrize("args, stdin, fragment", [
+    (["-"], b"\xff\xfe not text\n", "standard input is not UTF-8 text"),
+    (["-"], None, "no standard input to read the prompt from"),  # stdin closed
+    ([b"\xff".decode("utf-8", "surrogateescape")], b"", "the prompt is not UTF-8 text"),
+])
+def test_a_prompt_that_is_not_text_is_refused_before_any_download(tmp_path, args, stdin, fragment):
+    closed = ["sh", "-c", 'exec "$@" <&-', "sh"] if stdin is None else []
+    result = subprocess.run([*closed, *KOG, "generate", *args], input=stdin, capture_output=True, timeout=120,
+                            env=os.environ | OFFLINE | {"KOG_HOME": str(tmp_path)})
+    result.stdout, result.stderr = result.stdout.decode(), result.stderr.decode()
+    assert_one_line_error(result, fragment)
+
+
 def test_generate_reads_the_prompt_from_standard_input_after_a_dash(default_gguf):
     piped = subprocess.run([*KOG, "generate", "-", "--raw", "--device", "cpu", "--max-tokens", "6"],
                            input="The capital of France is", capture_output=True, text=True, timeout=300)

@@ -121,6 +121,7 @@ class ChatApp(App):
         self._last_stats: GenerationStats | None = None
         self._context_used = 0  # the conversation's tokens, as the status bar shows them between replies
         self.startup_error: str | None = None  # why the model named on the command line did not load (the app exits)
+        self._startup_load: int | None = None  # the load of that model, once started
 
     def compose(self) -> ComposeResult:
         # Kept as attributes: a query from the app searches whichever screen is on top.
@@ -144,6 +145,8 @@ class ChatApp(App):
                 await self._command_system(self.options.system)
         self.set_interval(1 / REFRESH_HZ, self._refresh)
         self.use_model(target)
+        if self.options.model is not None and self.loading is not None:  # (a download first: no load yet, no exit)
+            self._startup_load = self._load_seq
 
     # --- models -------------------------------------------------------------------------
 
@@ -189,7 +192,7 @@ class ChatApp(App):
             return
         self.loading = None
         if event.error is not None:
-            if event.seq == 1 and self.options.model is not None:  # `--model` named one that cannot load: say so and end
+            if event.seq == self._startup_load:  # `--model` named one that cannot load: say so and end
                 self.startup_error = event.error
                 self.exit(return_code=1)
                 return

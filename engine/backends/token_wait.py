@@ -80,8 +80,9 @@ def follow(tokens: Sequence[int], max_tokens: int, stop_ids: set[int], kernel_en
         for i in range(emitted, found):
             last = int(tokens[i])
             yield last
-        emitted = found
-        if ended or emitted == max_tokens or last in stop_ids:
+        if ended or found == max_tokens or last in stop_ids:
             return
         on_look()
-        wait.rest(clock())
+        if found == emitted:  # (after tokens, look again at once: more may have come while the consumer ran)
+            wait.rest(clock())
+        emitted = found
