@@ -259,7 +259,6 @@ class Checkpoint:
             if self.keep_ignored:
                 record |= _save_ignored(self.root, self.run_id, self.store.ignored(), self.store.algorithm)
             self._write(record)
-            self.record = record
         return self.record
 
     def seal(self) -> None:
@@ -386,8 +385,11 @@ def undo(root: Path, force: bool = False) -> str:
         names = ", ".join(later[:3]) + (f" and {len(later) - 3} more" if len(later) > 3 else "")
         raise KogError(f"{len(later)} file(s) changed since run {record['id']} ended ({names}): undo would overwrite or "
                        f"delete them; commit or move them first, or pass --force (their copies are then kept in {kept}/)")
-    for rel in replaced:
-        _keep_before_undo(root, rel, root / kept)
+    try:
+        for rel in replaced:
+            _keep_before_undo(root, rel, root / kept)
+    except OSError as e:
+        raise KogError(f"cannot keep a copy of {rel} in {kept}/ ({e.strerror or e}); nothing was restored") from None
     restored = [c for c in changes if c[1] is not None]
     for rel, old, _, mode in restored:
         _restore(root, root / rel, old, mode)
