@@ -321,7 +321,14 @@ def test_slash_commands_end_to_end(default_gguf, tmp_path, monkeypatch):
             size = len(app.session.model.tokenizer.encode_chat(conversation, add_generation_prompt=False))
             await wait_for(pilot, lambda: app.status.info.context_tokens == size, 10, "the opened chat's size")
 
+            await send(pilot, app, "/clear")  # asks first: "n" keeps everything
+            await wait_for(pilot, lambda: isinstance(app.screen, Confirm), 10, "the question")
+            await pilot.press("n")
+            await wait_for(pilot, lambda: not isinstance(app.screen, Confirm), 10, "the question to close")
+            assert shown_messages(app) and app.store.messages(first_chat)
             await send(pilot, app, "/clear")
+            await wait_for(pilot, lambda: isinstance(app.screen, Confirm), 10, "the question")
+            await pilot.press("y")
             await wait_for(pilot, lambda: not shown_messages(app), 10, "the chat to clear")
             assert app.messages == [] and app.store.messages(first_chat) == []
             await wait_for(pilot, lambda: app.status.info.context_tokens == 0, 10, "an empty context shown")

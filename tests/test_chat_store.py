@@ -154,7 +154,7 @@ def test_slash_commands():
     assert commands.parse("/model") == commands.Command("model", "")
     assert commands.parse("/system") == commands.Command("system", "")
     assert commands.parse("/EXPORT chat.md") == commands.Command("export", "chat.md")
-    for bad, message in [("/frobnicate", "unknown command /frobnicate"), ("/temp", "/temp needs X"),
+    for bad, message in [("/frobnicate", "unknown command /frobnicate"), ("/temp", "/temp needs NUMBER, as in: /temp NUMBER"),
                          ("/export", "/export needs PATH"), ("/new now", "/new takes no argument")]:
         with pytest.raises(KogError, match=message):
             commands.parse(bad)

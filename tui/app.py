@@ -425,10 +425,18 @@ class ChatApp(App):
         self.notify(f"temperature {self.params.temperature:g}")
 
     async def _command_clear(self, arg: str) -> None:
-        await self.conversation.clear()
-        self.messages, self._last_stats, self._context_used = [], None, 0
-        if self.chat_id is not None:
-            await self._save(lambda: self.store.clear(self.chat_id))
+        if not self.messages:
+            raise KogError("nothing to clear")
+
+        async def answered(yes: bool) -> None:
+            if yes and self.generation is None:
+                await self.conversation.clear()
+                self.messages, self._last_stats, self._context_used = [], None, 0
+                if self.chat_id is not None:
+                    await self._save(lambda: self.store.clear(self.chat_id))
+
+        saved = " (deleted from the saved chat too)" if self.chat_id is not None else ""
+        self.push_screen(Confirm(f"Forget this chat's {len(self.messages)} messages{saved}?"), answered)
 
     async def _command_export(self, arg: str) -> None:
         if not self.messages:

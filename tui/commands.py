@@ -13,8 +13,8 @@ COMMANDS = {
     "chats": ("", False, "open a saved chat"),
     "model": ("[NAME]", False, "switch model; without NAME, pick one from the list"),
     "system": ("TEXT", False, "set the system message (empty clears it)"),
-    "temp": ("X", True, "sampling temperature, 0 = greedy"),
-    "clear": ("", False, "forget this chat's messages"),
+    "temp": ("NUMBER", True, "sampling temperature, 0 = greedy"),
+    "clear": ("", False, "forget this chat's messages (asks first)"),
     "export": ("PATH", True, "save this chat as Markdown"),
     "copy": ("", False, "copy the last code block of the last reply"),
     "help": ("", False, "this list"),
@@ -37,7 +37,7 @@ def parse(text: str) -> Command | None:
         raise KogError(f"unknown command /{name}; /help lists the commands")
     usage, required, _ = COMMANDS[name]
     if required and not arg:
-        raise KogError(f"/{name} needs {usage}")
+        raise KogError(f"/{name} needs {usage}, as in: /{name} {usage}")
     if not usage and arg:
         raise KogError(f"/{name} takes no argument")
     return Command(name, arg)
@@ -49,7 +49,7 @@ def message_text(text: str) -> str:
 
 
 def temperature(arg: str) -> float:
-    """The number in `/temp X`; SamplingParams checks its range."""
+    """The number in `/temp NUMBER`; SamplingParams checks its range."""
     try:
         value = float(arg)
     except ValueError:
