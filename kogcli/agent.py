@@ -98,7 +98,7 @@ def undo_command(
     """Put PATH back exactly as it was before the latest kog agent run not yet undone."""
     from agent.checkpoint import undo
 
-    err.print(undo(path, force=force), soft_wrap=True)
+    err.print(undo(path, force=force))
 
 
 def replay_command(

@@ -67,4 +67,4 @@ def chat_command(
         if app.startup_error:
             raise KogError(app.startup_error)
         if store.notice:  # also shown in the app; repeated where it outlives the screen
-            err.print(f"note: {store.notice}", soft_wrap=True)
+            err.print(f"note: {store.notice}")

@@ -17,18 +17,18 @@ from rich.text import Text
 from engine.errors import KogError
 
 # markup off: errors and progress lines carry user text (paths, model names) that may hold brackets
-err = Console(stderr=True, highlight=False, markup=False)
+err = Console(stderr=True, highlight=False, markup=False, soft_wrap=True)  # a line stays one line in logs
 
 
 def notice(text: str | None) -> None:
     """A warning the command goes on after (nothing when `text` is None): one line, never wrapped."""
     if text:
-        err.print(text, style="yellow", soft_wrap=True)
+        err.print(text, style="yellow")
 
 
 def print_error(message: str) -> None:
     """The one `error:` line a failed command ends with."""
-    err.print(Text.assemble(("error:", "red"), f" {message}"), soft_wrap=True)
+    err.print(Text.assemble(("error:", "red"), f" {message}"))
 
 
 def user_errors(command):

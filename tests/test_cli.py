@@ -97,9 +97,11 @@ def test_generate_streams_text_then_stats_as_json(default_gguf):
 
 
 def test_generate_raw_prints_a_stats_line(default_gguf):
-    result = kog("generate", "def add(a, b):", "--raw", "--device", "cpu", "--max-tokens", "8", "--seed", "3", "--temperature", "0.7")
+    result = kog("generate", "def add(a, b):", "--raw", "--device", "cpu", "--max-tokens", "8", "--seed", "3", "--temperature", "0.7",
+                 env={"COLUMNS": "40"})
     assert result.returncode == 0, result.stderr
     assert "tok/s" in result.stderr and "TTFT" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1  # one line whatever the width: logs and grep see it whole
 
 
 @pytest.mark.parametrize("args, fragment", [
