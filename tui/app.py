@@ -286,7 +286,6 @@ class ChatApp(App):
         self._last_stats = generation.stats
         text, reason = generation.text, generation.stats.stop_reason
         self.messages = list(self.session.messages)  # the session added the reply, partial or whole
-        self._context_used = self.session.context_tokens
         if text:
             await reply.finish(text, STOP_NOTES.get(reason, ""))
             model = self.session.model
@@ -295,6 +294,7 @@ class ChatApp(App):
         else:
             await reply.remove()
             self.messages = self.messages[:-1]  # nothing was said; keep no empty turn
+        self._context_used = self._conversation_tokens()  # (the cache holds less after a stop inside the prefill)
         if error is not None:
             await self.conversation.add_error(error)
         self.status.show(self._status())
