@@ -50,10 +50,21 @@ def converted_dir(gguf_path: Path) -> Path:
     if not target.exists():  # conversions are renamed into place whole, so presence means complete
         convert_gguf(gguf_path, target)
         older = [target.parent / source, *target.parent.glob(f"{glob.escape(source)}-v*")]  # older converters' copies
-        for stale in older:
+        older += [d for d in target.parent.glob(f"{glob.escape(gguf_path.stem)}-*") if _source_of(d) == gguf_path.resolve()]
+        for stale in older:  # (and the copies of this path's earlier file: a model pulled again gets a new mtime)
             if stale != target and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
     return target
+
+
+SOURCE_NOTE = "source.txt"  # in a conversion: the path of the GGUF file it was made from
+
+
+def _source_of(conversion: Path) -> Path | None:
+    try:
+        return Path((conversion / SOURCE_NOTE).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError):
+        return None  # made by an older kog, or unreadable: left alone
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
@@ -70,6 +81,7 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
         save_file(weights, staging / "model.safetensors", metadata={"source": gguf_path.name})
         tokenizer.save(staging)
         (staging / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
+        (staging / SOURCE_NOTE).write_text(str(gguf_path.resolve()), encoding="utf-8")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
     except OSError as e:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -205,6 +206,26 @@ def test_a_conversion_by_an_older_kog_is_replaced(tmp_path, monkeypatch):
     target = converted_dir(path)
     assert target.exists() and target != older
     assert sorted(p.name for p in converted.iterdir()) == sorted([target.name, other_file.name])
+
+
+def test_a_conversion_of_the_same_files_earlier_copy_is_replaced(tmp_path, monkeypatch):
+    import engine.loader
+    from engine.loader import SOURCE_NOTE, converted_dir
+
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    def convert(source, target):  # the cache's bookkeeping only
+        target.mkdir(parents=True)
+        (target / SOURCE_NOTE).write_text(str(source.resolve()))
+    monkeypatch.setattr(engine.loader, "convert_gguf", convert)
+    path, namesake = tmp_path / "M.gguf", tmp_path / "elsewhere" / "M.gguf"
+    namesake.parent.mkdir()
+    write_gguf(path)
+    write_gguf(namesake)
+    first, kept = converted_dir(path), converted_dir(namesake)
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # pulled again: a new mtime
+    second = converted_dir(path)
+    assert second != first and second.exists() and not first.exists()
+    assert kept.exists()  # another file of the same name keeps its own conversion
 
 
 def test_generation_config_end_ids_stop_generation_too(tiny_dir):
