@@ -188,8 +188,18 @@ def test_escape_stops_at_once_and_keeps_the_partial_reply(default_gguf, tmp_path
             await pilot.press("ctrl+c")  # stops a reply too
             await wait_reply(pilot, app, timeout=30)
             assert app._last_stats.stop_reason == "cancelled"
+            return app.chat_id
 
-    run(scenario())
+    chat_id = run(scenario())
+
+    async def resumed():  # the stopped replies still say so
+        app = chat_app(tmp_path / "chats.db", device="cpu", resume=chat_id)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            return [str(v.query_one("Label").render()) for v in app.query(MessageView) if v.role == "assistant"]
+
+    titles = run(resumed())  # (the second stop may come before any text: then it left no reply)
+    assert titles and set(titles) == {"kog · stopped"}
 
 
 def test_a_prompt_longer_than_the_context_is_refused_and_kept(default_gguf, tmp_path):

@@ -376,7 +376,8 @@ class ChatApp(App):
             return None
         await self.conversation.clear()
         for message in stored:
-            await self.conversation.add_message(message.role, message.content)
+            await self.conversation.add_message(message.role, message.content,
+                                                STOP_NOTES.get((message.stats or {}).get("stop_reason"), ""))
         self.chat_id, self.system = chat.id, chat.system
         self.messages = [{"role": m.role, "content": m.content} for m in stored]
         self._last_stats, self._context_used = None, self._conversation_tokens()

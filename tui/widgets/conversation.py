@@ -47,13 +47,15 @@ class MessageView(Vertical):
     MessageView > Static { padding: 0 1; }
     """
 
-    def __init__(self, role: str, text: str = ""):
+    def __init__(self, role: str, text: str = "", note: str = ""):
         super().__init__(classes=f"-{role}")
         self.role = role
         self.text = text
+        self.note = note  # why a reply ended early ("stopped"), beside its title
 
     def compose(self) -> ComposeResult:
-        yield Label(ROLE_TITLES.get(self.role, self.role))
+        title = ROLE_TITLES.get(self.role, self.role)
+        yield Label(f"{title} · {self.note}" if self.note else title)
         if self.role == "user":  # as typed: pasted code keeps its lines and indentation, <tags> stay
             yield Static(self.text, markup=False)
         else:
@@ -120,8 +122,8 @@ class ConversationView(VerticalScroll):
     def on_mount(self) -> None:
         self.anchor()
 
-    async def add_message(self, role: str, text: str) -> MessageView:
-        view = MessageView(role, text)
+    async def add_message(self, role: str, text: str, note: str = "") -> MessageView:
+        view = MessageView(role, text, note)
         await self.mount(view)
         return view
 
