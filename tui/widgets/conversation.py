@@ -25,6 +25,12 @@ CODE_THEME = "monokai"
 _BLOCKS = MarkdownIt("commonmark").enable("strikethrough").enable("table")
 
 
+def title(role: str, note: str = "") -> str:
+    """A message's heading: who speaks, and why a reply ended early ("stopped") where it did."""
+    name = ROLE_TITLES.get(role, role)
+    return f"{name} · {note}" if note else name
+
+
 def markdown(text: str) -> Markdown:
     return Markdown(text, code_theme=CODE_THEME)
 
@@ -54,8 +60,7 @@ class MessageView(Vertical):
         self.note = note  # why a reply ended early ("stopped"), beside its title
 
     def compose(self) -> ComposeResult:
-        title = ROLE_TITLES.get(self.role, self.role)
-        yield Label(f"{title} · {self.note}" if self.note else title)
+        yield Label(title(self.role, self.note))
         if self.role == "user":  # as typed: pasted code keeps its lines and indentation, <tags> stay
             yield Static(self.text, markup=False)
         else:
@@ -91,7 +96,7 @@ class ReplyView(MessageView):
         self._settled = 0
         self.query_one(".tail", Static).update(markdown(text))
         if note:
-            self.query_one(Label).update(f"{ROLE_TITLES['assistant']} · {note}")
+            self.query_one(Label).update(title(self.role, note))
 
 
 class ErrorLine(Static):
