@@ -168,12 +168,32 @@ agent.register(app)
 def run() -> None:
     """The `kog` command's commands (the entry point, `entry_point` in kogcli/__init__.py, loads this module and calls it)."""
     try:
-        app(prog_name="kog")
+        # not standalone: typer hands back its usage errors (boxed, several lines) and exit codes instead of exiting
+        code = app(prog_name="kog", standalone_mode=False)
+    except typer.TyperException as error:
+        code = _usage_failed(error)
+    except typer.Abort:  # end of input at a prompt
+        print_error("aborted")
+        code = 1
     except SystemExit as e:
         end_process_after_fault(e.code if isinstance(e.code, int) else 1)
         raise
     except OSError as e:  # commands turn their own I/O failures into KogErrors: what is left is the output's
         _output_failed(e)
+    code = code if isinstance(code, int) else 0
+    end_process_after_fault(code)
+    sys.exit(code)
+
+
+def _usage_failed(error: typer.TyperException) -> int:
+    """One `error:` line for a command line typer cannot parse (a missing argument, an unknown option, a value of
+    the wrong type), naming where the usage is; returns the exit status, 2 as for any usage error. `kog` alone has
+    printed the help already."""
+    if type(error).__name__ != "NoArgsIsHelpError":  # the class is not public; typer itself tells it by name
+        context = getattr(error, "ctx", None)
+        where = f" (see '{context.command_path} --help')" if context is not None else ""
+        print_error(" ".join(error.format_message().split()) + where)
+    return getattr(error, "exit_code", 2)
 
 
 def _output_failed(error: OSError) -> None:

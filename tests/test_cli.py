@@ -42,6 +42,26 @@ def test_every_command_has_help(command):
     assert result.returncode == 0 and "Usage" in result.stdout
 
 
+@pytest.mark.parametrize("args, fragment", [
+    (("generate",), "Missing argument 'PROMPT'. (see 'kog generate --help')"),
+    (("generate", "--max-tokens", "many", "hi"), "Invalid value for '--max-tokens'"),
+    (("generate", "--no-such-option", "hi"), "No such option: --no-such-option"),
+    (("no-such-command",), "No such command 'no-such-command'. (see 'kog --help')"),
+    (("agent", "fix"), "Missing argument 'PATH'. (see 'kog agent fix --help')"),
+])
+def test_a_command_line_that_does_not_parse_is_one_error_line(args, fragment):
+    result = kog(*args)
+    assert result.returncode == 2, result.stderr  # a usage error's status, as before
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    assert fragment in result.stderr
+
+
+def test_kog_alone_prints_the_help():
+    result = kog()
+    assert result.returncode == 2 and "Usage" in result.stdout and "generate" in result.stdout
+    assert "error" not in result.stderr
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("args", [("models",), ("--version",)])
 def test_output_on_a_full_disk_is_one_error_line(args):
