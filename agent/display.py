@@ -29,6 +29,14 @@ def _indent(text: str, style: str = "dim") -> Text:
     return Text("".join(f"    {line}\n" for line in text.rstrip("\n").splitlines()) or "    (empty)\n", style=style)
 
 
+def output_console() -> Console:
+    """Standard output for a run: wrapped to a terminal's width, but into a file or a pipe (a CI log) each line stays
+    one line."""
+    console = Console(highlight=False)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 def render(record: dict, full: bool = False) -> list[RenderableType]:
     kind = record.get("type")
     if kind == "start":
@@ -106,7 +114,7 @@ class Display:
     """Nothing while running; the summary at the end (--quiet)."""
 
     def __init__(self, console: Console | None = None):
-        self.console = console or Console(highlight=False)
+        self.console = console or output_console()
 
     def status(self, line: str) -> None:
         pass

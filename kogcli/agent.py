@@ -106,9 +106,7 @@ def replay_command(
     full: bool = typer.Option(False, "--full", help="Also show every model output, tool result and test output."),
 ):
     """Re-render a kog agent run from its log."""
-    from rich.console import Console
-
-    from agent.display import replay
+    from agent.display import output_console, replay
     from agent.trajectory import read
 
-    replay(read(file), Console(highlight=False), full)
+    replay(read(file), output_console(), full)

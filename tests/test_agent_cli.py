@@ -49,6 +49,7 @@ def test_fix_through_an_endpoint_then_replay_then_undo(tmp_path):
     assert shown.returncode == 0, shown.stderr
     assert "step 1" in shown.stdout and "step 2" in shown.stdout and "fixed: the tests pass" in shown.stdout
     assert "The mean divides by one too few." not in shown.stdout
+    assert f"log: {log}   (kog agent replay {log})" in shown.stdout.splitlines()  # into a pipe a line stays whole
     assert "The mean divides by one too few." in kog("agent", "replay", log, "--full").stdout
     cut = tmp_path / "cut.jsonl"  # a run that stopped while writing its last record
     text = Path(log).read_text()
