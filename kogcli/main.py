@@ -19,6 +19,9 @@ from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
 from kogcli.common import err, notice, print_error, print_table, user_errors
 
+# typer's usage errors derive from click's ClickException, which typer vendors since 0.29 (before, click's own):
+# as a base of typer.BadParameter it is the right class with either (the device machines' typer may be older)
+USAGE_ERROR = next(base for base in typer.BadParameter.__mro__ if base.__name__ == "ClickException")
 OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EPIPE, errno.EBADF}  # a write that failed
 
 app = typer.Typer(
@@ -170,7 +173,7 @@ def run() -> None:
     try:
         # not standalone: typer hands back its usage errors (boxed, several lines) and exit codes instead of exiting
         code = app(prog_name="kog", standalone_mode=False)
-    except typer.TyperException as error:
+    except USAGE_ERROR as error:
         code = _usage_failed(error)
     except typer.Abort:  # end of input at a prompt
         print_error("aborted")
@@ -185,7 +188,7 @@ def run() -> None:
     sys.exit(code)
 
 
-def _usage_failed(error: typer.TyperException) -> int:
+def _usage_failed(error: Exception) -> int:
     """One `error:` line for a command line typer cannot parse (a missing argument, an unknown option, a value of
     the wrong type), naming where the usage is; returns the exit status, 2 as for any usage error. `kog` alone has
     printed the help already."""
