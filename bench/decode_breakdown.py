@@ -86,6 +86,7 @@ VARIANTS = {
     "bytes-75-mlp": {"KOG_EXP": "9"},  # the same for gate/up and down only
     "layers-resident": {"KOG_EXP": "10"},  # layer products read stale ring slots: no copies, waits or refills (garbage)
     "no-o-wait": {"KOG_EXP": "11"},  # O's product takes its input as it stands (garbage: O folded into the attention at best)
+    "no-gu-wait": {"KOG_EXP": "13"},  # gate/up's product takes its input as it stands (garbage: O folded into gate/up at best)
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

@@ -243,7 +243,9 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         end_phase(c);
         if (ATT_EARLY_AT == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
         // --- gate/up + SiLU
-        if (!stage_norm(c, xs, HV_X, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
+        // (KOG_EXP 13, timing only: gate/up's product takes its input as it stands, so that it follows the block's
+        // own O rows: what folding O into gate/up, W' = Wgu diag(w2) Wo, could gain at most; PERF.md session 61)
+        if (KOG_EXP != 13 && !stage_norm(c, xs, HV_X, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
         trace_event(c);
         {
             mv_run<MGU, MAT_GU>(c, xs, red);

@@ -14,7 +14,8 @@
                    // 11 O's product does not wait for the attention (the attn -> O hop gone), 12 the layers'
                    // and LM head's weights streamed from a second buffer laid out by L2 partition (garbage
                    // tokens: what a block pair's tiles sharing 8 KB pairs, each block its own partition's
-                   // chunk of every pair, would stream: side_granule in decode_ring.cuh)
+                   // chunk of every pair, would stream: side_granule in decode_ring.cuh), 13 gate/up's product
+                   // does not wait for O (the O -> gate/up hop gone)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
