@@ -8,10 +8,12 @@ not here: the loop runs the tests itself, once per step, after the edits.
 
 from __future__ import annotations
 
-import re
 import shlex
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import regex  # the search tool's patterns come from the model: `regex` bounds a match's time, `re` cannot
 
 from agent import budget, process
 from agent.actions import Action
@@ -20,6 +22,9 @@ from agent.errors import ToolError
 from agent.workspace import Workspace
 
 MAX_MATCHES = 60
+# One search over the repository: a pattern that backtracks without end, (x|xx)+y over a row of x's, would
+# otherwise hold the run (and Ctrl+C: `re` does not look at signals while it matches) for ever.
+SEARCH_TIME_S = 5.0
 # Programs that wait for a person: with no terminal they hang until the timeout, so refuse them.
 INTERACTIVE = {"vi", "vim", "nvim", "nano", "emacs", "pico", "less", "more", "most", "man", "top", "htop",
                "watch", "ssh", "telnet", "ftp", "sftp", "tmux", "screen", "mysql", "psql", "sqlite3", "gdb", "pdb"}
@@ -96,17 +101,23 @@ class Tools:
 
     def _search(self, action: Action, _) -> Result:
         try:
-            pattern = re.compile(action.arg)
-        except re.error as e:
+            pattern = regex.compile(action.arg)
+        except regex.error as e:
             raise ToolError(f"bad regex {action.arg!r}: {e}") from None
         matches = []
+        deadline = time.monotonic() + SEARCH_TIME_S
         for path in self.workspace.files():
             try:
                 text = self.workspace.read_text(path)
             except ToolError:
                 continue  # binary, too large, or a link out of the repository
             for number, line in enumerate(text.splitlines(), 1):
-                if pattern.search(line):
+                try:
+                    found = pattern.search(line, timeout=max(deadline - time.monotonic(), 1e-3))
+                except TimeoutError:
+                    raise ToolError(f"the regex {action.arg!r} took over {SEARCH_TIME_S:g} s (it backtracks too "
+                                    f"much); use a simpler one") from None
+                if found:
                     matches.append(f"{path}:{number}: {line.strip()[:200]}")
         if not matches:
             return Result(True, "no matches", f"{action.describe()}: no matches")

@@ -11,6 +11,7 @@ from agent_fixtures.repos import git, make_repo, snapshot
 from agent.actions import Action
 from agent.checkpoint import Checkpoint
 from agent.errors import ToolError
+from agent import tools as tools_module
 from agent.tools import Tools
 from agent.workspace import Workspace
 from engine.errors import KogError
@@ -147,3 +148,15 @@ def test_a_file_system_refusal_goes_back_to_the_model(repo):
         result = tools.run(action)
         assert not result.ok and result.text.startswith("error: ") and action.path in result.text
     assert snapshot(repo) == before
+
+
+def test_a_search_that_backtracks_without_end_is_stopped(repo, monkeypatch):
+    """The model's regex meets the repository's lines under a time limit: one that backtracks without end is an
+    error the model reads, not a run that hangs (Python's own `re` would match it for ever, deaf to Ctrl+C)."""
+    monkeypatch.setattr(tools_module, "SEARCH_TIME_S", 0.5)
+    (repo / "rows.txt").write_text("x" * 64 + "\n")
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    stuck = tools.run(Action("search", arg="(x|xx)+y"))
+    assert not stuck.ok and "took over" in stuck.text and "(x|xx)+y" in stuck.text
+    found = tools.run(Action("search", arg="x{64}"))
+    assert found.ok and found.text.startswith("rows.txt:1: "), found.text
