@@ -50,6 +50,17 @@ def test_no_match_shows_the_closest_lines():
     assert "closest lines (8-8)" in message and "return len(self.items) - 1" in message
 
 
+def test_the_closest_lines_of_a_long_file_are_found():
+    """Ranked by shared words first, so that a 3,000-line file is searched in one pass (compared character by
+    character everywhere, a 20-line SEARCH text took minutes there), and the near miss is still the one shown."""
+    lines = [f"    value_{i} = compute(alpha_{i % 17}, beta={i * 3}) + offset  # step {i}\n" for i in range(3000)]
+    lines[2500:2520] = [f"    total_{i} = merge(left_{i}, right={i}) - shift  # note {i}\n" for i in range(20)]
+    search = "".join(f"    total_{i} = merge(left_{i}, right={i}) + shift  # note {i}\n" for i in range(20))
+    with pytest.raises(ToolError) as e:
+        apply_blocks("".join(lines), [(search, "x\n")], "long.py")
+    assert "closest lines (2501-2520)" in str(e.value) and "total_19 = merge(left_19, right=19) - shift" in str(e.value)
+
+
 def test_blocks_apply_all_or_none():
     blocks = [("    return a - b\n", "    return a + b\n"), ("not in the file\n", "x\n")]
     with pytest.raises(ToolError, match="SEARCH block 2 matches nothing"):
