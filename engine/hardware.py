@@ -2,7 +2,8 @@
 
 The read bandwidth is measured, not taken from a datasheet: a large buffer (far beyond the
 caches) is read once per repetition and the best repetition counts, on the GPU by a
-grid-stride kernel of 16-byte streaming loads, on the CPU by a BLAS matrix-vector product, as the CPU backend reads its weights.
+grid-stride kernel of 16-byte streaming loads, on the CPU by a BLAS matrix-vector product (as
+the CPU backend reads its weights).
 """
 
 from __future__ import annotations
