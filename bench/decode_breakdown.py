@@ -87,6 +87,7 @@ VARIANTS = {
     "layers-resident": {"KOG_EXP": "10"},  # layer products read stale ring slots: no copies, waits or refills (garbage)
     "no-o-wait": {"KOG_EXP": "11"},  # O's product takes its input as it stands (garbage: O folded into the attention at best)
     "no-gu-wait": {"KOG_EXP": "13"},  # gate/up's product takes its input as it stands (garbage: O folded into gate/up at best)
+    "no-dn-wait": {"KOG_EXP": "14"},  # down's product takes its slice of act as it stands (garbage: the gate/up -> down hop's worth)
     "lm8-no-rows": {"KOG_LM_SCREEN": "1", "KOG_EXP": "7"},  # the screen recomputes no bf16 rows (tokens may differ: what their reads cost)
     "ring-2": {"KOG_RING": "2"},
     "ring-3": {"KOG_RING": "3"},

@@ -263,7 +263,8 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (ATT_EARLY_AT == 4 && l + 1 < NL) att_prefetch(c, l + 1, pos);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
-        if (!stage_copy<DN_K>(c, xs, HV_ACT + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        // (KOG_EXP 14, timing only: down's product takes its slice of act as it stands: the gate/up -> down hop gone)
+        if (KOG_EXP != 14 && !stage_copy<DN_K>(c, xs, HV_ACT + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
