@@ -17,8 +17,10 @@ from itertools import chain
 from agent.errors import ToolError
 
 WORD = re.compile(r"\w+|[^\w\s]")  # a line's words and marks, which rank the places like a SEARCH text
-REFINED = 8  # places compared character by character at least, best-ranked first; more while the
-REFINE_WORK = 20_000_000  # comparisons' characters x characters stay under this (~0.5 s)
+# The best-ranked places are compared by characters while the comparisons' characters x characters, and a
+# comparison's own cost counted as COMPARE_COST of them, stay under REFINE_WORK (~0.7 s).
+REFINE_WORK = 20_000_000
+COMPARE_COST = 10_000
 
 
 def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
@@ -109,11 +111,12 @@ def closest(lines: list[str], search: str) -> str:
             have[w] += 1
         scores.append(shared)
 
-    best, best_likeness, work = 0, -1.0, 0
-    for rank, start in enumerate(sorted(range(len(scores)), key=lambda start: -scores[start])):
+    ranked = sorted(range(len(scores)), key=lambda start: -scores[start])
+    best, best_likeness, work = ranked[0], -1.0, 0  # (a SEARCH text too long to compare at all: the words decide)
+    for start in ranked:
         window = "\n".join(stripped[start : start + size])
-        work += len(target) * len(window)
-        if rank >= REFINED and work > REFINE_WORK:
+        work += len(target) * len(window) + COMPARE_COST
+        if work > REFINE_WORK:
             break
         likeness = difflib.SequenceMatcher(None, target, window, autojunk=False).ratio()
         if likeness > best_likeness or (likeness == best_likeness and start < best):

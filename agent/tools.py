@@ -8,6 +8,7 @@ not here: the loop runs the tests itself, once per step, after the edits.
 
 from __future__ import annotations
 
+import re
 import shlex
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ MAX_MATCHES = 60
 # One search over the repository: a pattern that backtracks without end, (x|xx)+y over a row of x's, would
 # otherwise hold the run (and Ctrl+C: `re` does not look at signals while it matches) for ever.
 SEARCH_TIME_S = 5.0
+COUNT = re.compile(r"\{(?:\d+|\d*,\d*)\}")  # a brace that opens {m}, {m,n}, {,n} or {,}: a count for `re`
 # Programs that wait for a person: with no terminal they hang until the timeout, so refuse them.
 INTERACTIVE = {"vi", "vim", "nvim", "nano", "emacs", "pico", "less", "more", "most", "man", "top", "htop",
                "watch", "ssh", "telnet", "ftp", "sftp", "tmux", "screen", "mysql", "psql", "sqlite3", "gdb", "pdb"}
@@ -43,6 +45,25 @@ class Result:
 
     def as_dict(self) -> dict:
         return {"ok": self.ok, "text": self.text, "brief": self.brief, "changed": self.changed}
+
+
+def _as_re_reads_it(pattern: str) -> str:
+    """The model's pattern with the meaning Python's `re` gives it, for the `regex` package: a brace that opens no
+    count is a literal for `re`, but `regex` reads {e}, {i}, {d} and {s} (f-string placeholders) as fuzzy matching."""
+    out, i = [], 0
+    while i < len(pattern):
+        if pattern.startswith("\\N{", i):  # a character by name, \N{EM DASH}: copied whole
+            end = pattern.find("}", i)
+            end = len(pattern) - 1 if end < 0 else end
+            out.append(pattern[i : end + 1])
+            i = end + 1
+        elif pattern[i] == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+        else:
+            out.append("\\{" if pattern[i] == "{" and not COUNT.match(pattern, i) else pattern[i])
+            i += 1
+    return "".join(out)
 
 
 class Tools:
@@ -101,9 +122,11 @@ class Tools:
 
     def _search(self, action: Action, _) -> Result:
         try:
-            pattern = regex.compile(action.arg)
+            pattern = regex.compile(_as_re_reads_it(action.arg))
         except regex.error as e:
             raise ToolError(f"bad regex {action.arg!r}: {e}") from None
+        too_slow = ToolError(f"the regex {action.arg!r} took over {SEARCH_TIME_S:g} s (it backtracks too much); "
+                             f"use a simpler one")
         matches = []
         deadline = time.monotonic() + SEARCH_TIME_S
         for path in self.workspace.files():
@@ -112,11 +135,13 @@ class Tools:
             except ToolError:
                 continue  # binary, too large, or a link out of the repository
             for number, line in enumerate(text.splitlines(), 1):
+                left = deadline - time.monotonic()
                 try:
-                    found = pattern.search(line, timeout=max(deadline - time.monotonic(), 1e-3))
+                    if left <= 0:
+                        raise TimeoutError
+                    found = pattern.search(line, timeout=left)
                 except TimeoutError:
-                    raise ToolError(f"the regex {action.arg!r} took over {SEARCH_TIME_S:g} s (it backtracks too "
-                                    f"much); use a simpler one") from None
+                    raise too_slow from None
                 if found:
                     matches.append(f"{path}:{number}: {line.strip()[:200]}")
         if not matches:

@@ -160,3 +160,20 @@ def test_a_search_that_backtracks_without_end_is_stopped(repo, monkeypatch):
     assert not stuck.ok and "took over" in stuck.text and "(x|xx)+y" in stuck.text
     found = tools.run(Action("search", arg="x{64}"))
     assert found.ok and found.text.startswith("rows.txt:1: "), found.text
+
+
+def test_a_search_reads_braces_as_python_does(repo):
+    """Braces that open no count are literal, as in Python's `re` (the `regex` package alone would read the
+    f-string placeholder {e} as fuzzy matching and match far more)."""
+    (repo / "fmt.py").write_text('print(f"error: {e}")\nprint("error: unknown")\nx = "ab"\n')
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    found = tools.run(Action("search", arg="error: {e}"))
+    assert found.ok and found.text.splitlines() == ['fmt.py:1: print(f"error: {e}")'], found.text
+    assert tools.run(Action("search", arg="a{1}b{1,}")).text.startswith("fmt.py:3: ")
+
+
+def test_a_search_past_its_time_stops_however_fast_each_line(repo, monkeypatch):
+    monkeypatch.setattr(tools_module, "SEARCH_TIME_S", 0.0)
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    result = tools.run(Action("search", arg="def"))
+    assert not result.ok and "took over 0 s" in result.text
