@@ -183,7 +183,7 @@ def run() -> None:
         raise
     except OSError as e:  # commands turn their own I/O failures into KogErrors: what is left is the output's
         _output_failed(e)
-    code = code if isinstance(code, int) else 0
+    code = code if isinstance(code, int) and not isinstance(code, bool) else 0  # what typer.Exit said, else 0
     end_process_after_fault(code)
     sys.exit(code)
 
