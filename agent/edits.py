@@ -100,13 +100,14 @@ def closest(lines: list[str], search: str) -> str:
     stripped = [line.strip() for line in lines]
     wanted = Counter(WORD.findall(target))
     words = [WORD.findall(line) for line in stripped]
-    have, shared, scores = Counter(), 0, []
-    for start in range(max(1, len(lines) - size + 1)):
-        entering = words[start : start + size] if start == 0 else [words[start + size - 1]]
-        for w in words[start - 1] if start else ():  # the line that leaves the window
+    have = Counter(chain.from_iterable(words[:size]))  # the first window's words; each later one slides by a line
+    shared = sum(min(n, wanted[w]) for w, n in have.items())
+    scores = [shared]
+    for start in range(1, len(lines) - size + 1):
+        for w in words[start - 1]:
             have[w] -= 1
             shared -= have[w] < wanted[w]
-        for w in chain.from_iterable(entering):
+        for w in words[start + size - 1]:
             shared += have[w] < wanted[w]
             have[w] += 1
         scores.append(shared)

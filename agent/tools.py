@@ -49,7 +49,8 @@ class Result:
 
 def _as_re_reads_it(pattern: str) -> str:
     """The model's pattern with the meaning Python's `re` gives it, for the `regex` package: a brace that opens no
-    count is a literal for `re`, but `regex` reads {e}, {i}, {d} and {s} (f-string placeholders) as fuzzy matching."""
+    count is a literal for `re`, but `regex` reads braces around e, i, d or s (an f-string's placeholder names) as
+    fuzzy-matching constraints."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("\\N{", i):  # a character by name, \N{EM DASH}: copied whole
@@ -136,9 +137,9 @@ class Tools:
                 continue  # binary, too large, or a link out of the repository
             for number, line in enumerate(text.splitlines(), 1):
                 left = deadline - time.monotonic()
+                if left <= 0:
+                    raise too_slow
                 try:
-                    if left <= 0:
-                        raise TimeoutError
                     found = pattern.search(line, timeout=left)
                 except TimeoutError:
                     raise too_slow from None
