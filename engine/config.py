@@ -73,7 +73,7 @@ class ModelConfig:
         if arch is None:
             raise KogError(
                 f"unsupported architecture {names[0] if names else 'unknown'!r} "
-                f"(kog runs: {', '.join(sorted(set(ARCH_FAMILIES) - set(ARCH_FAMILIES.values())))})"
+                f"(kog runs: {', '.join(sorted(n for n in ARCH_FAMILIES if n.endswith('ForCausalLM')))})"
             )
         _check_supported(cfg, arch)
         context = _positive_int(cfg, "max_position_embeddings", 2048)

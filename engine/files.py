@@ -6,6 +6,8 @@ import os
 import tempfile
 from pathlib import Path
 
+from engine.paths import expand_user
+
 
 def _umask() -> int:
     mask = os.umask(0)
@@ -20,13 +22,14 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None, overwrite:
     `mode`: permission bits (default: those of the file replaced, else 0o666 less the umask).
     `overwrite=False`: raise FileExistsError rather than replace a file, even one that appears
     while writing (the file is linked into place, which fails where replacing would clobber).
-    Raises OSError; the temporary file never outlives the call.
+    Raises OSError (KogError for a `~user` of no such user); the temporary file never outlives the call.
     """
-    path = Path(path).expanduser()
+    path = expand_user(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if mode is None:
         mode = path.stat().st_mode & 0o7777 if path.exists() else 0o666 & ~_umask()
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".kog-tmp", dir=path.parent)
+    # (the name's first 32 characters: a temporary name must fit where a name of the longest length does)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:32]}.", suffix=".kog-tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -45,7 +46,12 @@ def conversion_of(gguf_path: Path) -> Path:
         stat = gguf_path.stat()
     except FileNotFoundError:
         raise KogError(f"missing model file {gguf_path}") from None
-    return cache_dir() / "converted" / f"{gguf_path.stem}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERSION_VERSION}"
+    return cache_dir() / "converted" / f"{_utf8(gguf_path.stem)}-{stat.st_size}-{stat.st_mtime_ns}-v{CONVERSION_VERSION}"
+
+
+def _utf8(name: str) -> str:
+    """A file name's undecodable bytes (kept by Python as surrogates, which UTF-8 text cannot hold) as U+FFFD."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def converted_dir(gguf_path: Path) -> Path:
@@ -55,7 +61,7 @@ def converted_dir(gguf_path: Path) -> Path:
     if not target.exists():  # conversions are renamed into place whole, so presence means complete
         convert_gguf(gguf_path, target)
         older = [target.parent / source, *target.parent.glob(f"{glob.escape(source)}-v*")]  # older converters' copies
-        older += [d for d in target.parent.glob(f"{glob.escape(gguf_path.stem)}-*") if _source_of(d) == gguf_path.resolve()]
+        older += [d for d in target.parent.glob(f"{glob.escape(_utf8(gguf_path.stem))}-*") if _source_of(d) == gguf_path.resolve()]
         for stale in older:  # (and the copies of this path's earlier file: a model pulled again gets a new mtime)
             if stale != target and stale.is_dir():
                 shutil.rmtree(stale, ignore_errors=True)
@@ -67,9 +73,12 @@ SOURCE_NOTE = "source.txt"  # in a conversion: the path of the GGUF file it was 
 
 def _source_of(conversion: Path) -> Path | None:
     try:
-        return Path((conversion / SOURCE_NOTE).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError):
+        return Path((conversion / SOURCE_NOTE).read_text(encoding="utf-8", errors="surrogateescape"))
+    except OSError:
         return None  # made by an older kog, or unreadable: left alone
+
+
+STAGING_PREFIX = ".converting-"  # then the converting process's id: a folder whose process is gone is litter
 
 
 def convert_gguf(gguf_path: Path, target: Path) -> None:
@@ -81,15 +90,37 @@ def convert_gguf(gguf_path: Path, target: Path) -> None:
     check_weights(config, weights, gguf_path)
     tokenizer = Tokenizer.from_gguf(reader)
     make_dir(target.parent)
-    staging = Path(tempfile.mkdtemp(prefix=".converting-", dir=target.parent))
+    _remove_abandoned_staging(target.parent)
+    staging = None
     try:
-        save_file(weights, staging / "model.safetensors", metadata={"source": gguf_path.name})
+        staging = Path(tempfile.mkdtemp(prefix=f"{STAGING_PREFIX}{os.getpid()}-", dir=target.parent))
+        save_file(weights, staging / "model.safetensors", metadata={"source": _utf8(gguf_path.name)})
         tokenizer.save(staging)
         (staging / "config.json").write_text(json.dumps(config.to_hf(), indent=1))
-        (staging / SOURCE_NOTE).write_text(str(gguf_path.resolve()), encoding="utf-8")
-        shutil.rmtree(target, ignore_errors=True)
+        (staging / SOURCE_NOTE).write_text(str(gguf_path.resolve()), encoding="utf-8", errors="surrogateescape")
         staging.rename(target)
-    except OSError as e:
-        raise KogError(f"cannot write the converted model to {target.parent}: {e.strerror or e}") from None
+    except Exception as e:  # a failed write: OSError, or safetensors' and tokenizers' own errors (a full disk)
+        if not target.is_dir():  # (else another kog process converted the same file first: its copy serves)
+            why = e.strerror if isinstance(e, OSError) and e.strerror else " ".join(str(e).split())
+            raise KogError(f"cannot write the converted model to {target.parent}: {why}") from None
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_abandoned_staging(folder: Path) -> None:
+    """Staging folders of conversions whose process ended without cleaning up (killed, out of memory)."""
+    for staging in folder.glob(f"{STAGING_PREFIX}*"):
+        pid = staging.name.removeprefix(STAGING_PREFIX).split("-", 1)[0]
+        if not pid.isdigit() or not _running(int(pid)):  # (an older kog's staging names no process)
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:  # another user's
+        return True
+    except (OSError, OverflowError):  # none of that number
+        return False
+    return True

@@ -15,6 +15,14 @@ def _xdg(var: str, fallback: str) -> Path:
     return Path(value) if value else Path.home() / fallback
 
 
+def expand_user(path: str | Path) -> Path:
+    """`path` with a leading `~` or `~user` made the home folder it names."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError:  # no such user, or no home folder to be found
+        raise KogError(f"{path}: no home folder found for its ~") from None
+
+
 def cache_dir() -> Path:
     home = os.environ.get("KOG_HOME")
     return Path(home) / "cache" if home else _xdg("XDG_CACHE_HOME", ".cache") / "kog"

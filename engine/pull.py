@@ -12,7 +12,6 @@ import errno
 import hashlib
 import importlib.metadata
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from engine import paths
 from engine.errors import KogError
+from engine.loaders.safetensors_dir import index_shards
 from engine.registry import HF_PREFIX, ModelSpec, Registry, installed, is_hf_dir, local_path, verify
 
 # What kog loads from a Hugging Face repo; everything else there (other weight formats,
@@ -263,7 +263,7 @@ def _missing_hub_files(folder: Path) -> str | None:
         return "config.json"
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        shards = set(json.loads(index.read_text())["weight_map"].values())
+        shards = index_shards(index)
         absent = sorted(s for s in shards if not (folder / s).is_file())
         return f"weight shard(s) {', '.join(absent)}" if absent else None
     return None if any(folder.glob("*.safetensors")) else "*.safetensors weights"

@@ -33,6 +33,19 @@ _REPO = re.compile(r"[\w.-]+/[\w.-]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
+def is_repo_id(text: str) -> bool:
+    """ORG/REPO as the Hub names repositories (huggingface_hub's rules: no leading '.', no '--' or '..', ...)."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not _REPO.fullmatch(text):
+        return False
+    try:
+        validate_repo_id(text)
+    except HFValidationError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
@@ -93,13 +106,13 @@ class Registry:
             return ResolvedModel(spec.name, local_path(spec), spec)
         if target.startswith(HF_PREFIX):
             return self._resolve_hub(target.removeprefix(HF_PREFIX))
-        path = Path(target).expanduser()
+        path = paths.expand_user(target)
         if path.exists() or "/" in target or target.startswith((".", "~")) or target.lower().endswith(".gguf"):
             return _resolve_local(path, target)
         raise self._unknown(target)
 
     def _resolve_hub(self, repo: str) -> ResolvedModel:
-        if not _REPO.fullmatch(repo):
+        if not is_repo_id(repo):
             raise KogError(f"expected {HF_PREFIX}ORG/REPO, got {HF_PREFIX}{repo}")
         # A registry model of the same repo shares its download instead of getting a second copy.
         for spec in self._specs.values():
@@ -156,7 +169,7 @@ def _resolve_local(path: Path, target: str) -> ResolvedModel:
         raise KogError(f"{target} has no config.json, so it is not a Hugging Face model directory")
     if path.exists():
         raise KogError(f"{target} is not a model: expected a .gguf file or a Hugging Face model directory")
-    hint = f" (for a Hugging Face repo write {HF_PREFIX}{target})" if _REPO.fullmatch(target) else ""
+    hint = f" (for a Hugging Face repo write {HF_PREFIX}{target})" if is_repo_id(target) else ""
     raise KogError(f"no such file or directory: {target}{hint}")
 
 
@@ -206,7 +219,7 @@ def _parse(path: Path, name: str, entry: object) -> ModelSpec:
         raise bad("params, context and size must be positive")
     if source == "pypi" and not _SHA256.fullmatch(entry["sha256"]):
         raise bad("sha256 must be 64 lowercase hex digits")
-    if source == "hub" and not _REPO.fullmatch(entry["repo"]):
+    if source == "hub" and not is_repo_id(entry["repo"]):
         raise bad("repo must be ORG/REPO")
     spec = ModelSpec(name=name, **entry)
     try:

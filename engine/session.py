@@ -33,16 +33,13 @@ class TokenEvent:
 class GenerationStats:
     prompt_tokens: int = 0
     reused_tokens: int = 0  # prompt tokens whose K/V were already cached
+    prefill_tokens: int = 0  # prompt tokens run through the model: the rest, or fewer where a cancel stopped it
     generated_tokens: int = 0
     ttft_s: float = 0.0
     prefill_s: float = 0.0
     decode_s: float = 0.0  # first token to last token
     stop_reason: str = ""  # "stop" | "length" | "context" | "cancelled"
     token_latencies_s: list[float] = field(default_factory=list, repr=False)
-
-    @property
-    def prefill_tokens(self) -> int:
-        return self.prompt_tokens - self.reused_tokens
 
     @property
     def prefill_tok_s(self) -> float:
@@ -61,7 +58,6 @@ class GenerationStats:
         d = asdict(self)
         del d["token_latencies_s"]
         d |= {
-            "prefill_tokens": self.prefill_tokens,
             "prefill_tok_s": self.prefill_tok_s,
             "decode_tok_s": self.decode_tok_s,
             "latency_p50_ms": self.latency_ms(50),
@@ -118,6 +114,7 @@ class Generation:
             stats.reused_tokens = session._prepare_cache(self._prompt_ids)
             backend.prefill(self._prompt_ids[stats.reused_tokens :])
             stats.prefill_s = time.perf_counter() - start
+            stats.prefill_tokens = backend.cached_tokens - stats.reused_tokens
             for token in backend.decode(self._params, self._prompt_ids, self._max_tokens, stop_ids):
                 now = time.perf_counter()
                 if last is None:

@@ -149,6 +149,8 @@ class Tokenizer:
         config_file = path / "tokenizer_config.json"
         try:
             config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.exists() else {}
+            if not isinstance(config, dict):
+                raise ValueError(f"a JSON {type(config).__name__}, not an object")
         except (OSError, ValueError) as e:
             raise KogError(f"corrupt {config_file}: {e}") from None
         bos, eos = _token_text(config.get("bos_token")), _token_text(config.get("eos_token"))
@@ -183,6 +185,8 @@ class Tokenizer:
         if not tokens or not merges:
             raise KogError("GGUF file has no tokenizer vocabulary or merges")
         types = _gguf_value(reader, keys.TOKEN_TYPE) or [gguf.TokenType.NORMAL] * len(tokens)
+        if len(types) != len(tokens):
+            raise KogError(f"corrupt GGUF tokenizer: {len(types)} token types for {len(tokens)} tokens")
 
         vocab: dict[str, int] = {}
         added: list[AddedToken] = []
@@ -195,9 +199,13 @@ class Tokenizer:
             vocab.setdefault(token, i)
 
         normalizer, pre_tokenizer, ignore_merges = PRE_TOKENIZERS[pre]()
-        backend = Backend(
-            models.BPE(vocab=vocab, merges=[tuple(m.split(" ", 1)) for m in merges], ignore_merges=ignore_merges)
-        )
+        pairs = [tuple(m.split(" ", 1)) for m in merges]
+        try:
+            if any(len(pair) != 2 for pair in pairs):
+                raise ValueError("a merge is not two tokens")
+            backend = Backend(models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges))
+        except Exception as e:  # tokenizers raises a bare Exception for a merge of unknown tokens
+            raise KogError(f"corrupt GGUF tokenizer: {' '.join(str(e).split())}") from None
         if normalizer is not None:
             backend.normalizer = normalizer
         backend.pre_tokenizer = pre_tokenizer

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from contextlib import closing
 from typing import Optional
 
@@ -60,11 +61,16 @@ def chat_command(
             if chat is None:
                 raise KogError("there is no saved chat to resume" + moved_aside)
             chat_id = chat.id
+        if not (sys.stdin.isatty() and sys.stdout.isatty()):  # (the screen would wait for keys that never come)
+            raise KogError("kog chat needs a terminal; for a pipe or a script use kog generate")
         options = ChatOptions(model=model, device=device, context=context, system=system, temperature=temperature,
                               seed=seed, max_tokens=max_tokens, resume=chat_id)
         app = ChatApp(options, store)
         app.run()
+        app.action_stop()  # a reply still streaming when the app crashed would keep the process alive
         if app.startup_error:
             raise KogError(app.startup_error)
         if store.notice:  # also shown in the app; repeated where it outlives the screen
             err.print(f"note: {store.notice}")
+        if app.return_code:  # the app crashed (its traceback is on the screen)
+            raise typer.Exit(app.return_code)

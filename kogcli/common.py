@@ -71,7 +71,7 @@ def print_table(title: str, columns: list[str], rows: list[dict[str, str]], righ
     for cells in rows:
         block = Table(show_header=False, box=None, padding=(0, 2, 0, 0))
         block.add_column(style="bold", no_wrap=True)
-        block.add_column()
+        block.add_column(overflow="fold")  # a value longer than the line goes on the next, never cut
         for column in columns:
             if cells.get(column):
                 block.add_row(column, cells[column])

@@ -170,6 +170,9 @@ agent.register(app)
 
 def run() -> None:
     """The `kog` command's commands (the entry point, `entry_point` in kogcli/__init__.py, loads this module and calls it)."""
+    if sys.stdout is None:  # started with its output closed (`kog ... >&-`)
+        print_error("cannot write the output: standard output is closed")
+        sys.exit(1)
     try:
         # not standalone: typer hands back its usage errors (boxed, several lines) and exit codes instead of exiting
         code = app(prog_name="kog", standalone_mode=False)

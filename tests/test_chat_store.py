@@ -7,6 +7,7 @@ import os
 import sqlite3
 
 import pytest
+from pathlib import Path
 
 from engine.errors import KogError
 from tui import commands
@@ -123,6 +124,10 @@ def test_export_writes_markdown_atomically_and_never_overwrites(tmp_path):
         write_new(tmp_path / "missing" / "chat.md", text)
     with pytest.raises(KogError, match="cannot write .*File name too long"):  # a check that cannot even stat it
         write_new(tmp_path / ("a" * 300 + ".md"), text)
+    longest = tmp_path / ("a" * 252 + ".md")  # 255 bytes: the longest name there is, its temporary one too
+    assert write_new(longest, text).read_text() == text
+    with pytest.raises(KogError, match="no home folder found"):
+        write_new(Path("~no-such-user-of-kog/chat.md"), text)
 
 
 def test_a_history_another_program_locks_is_an_error_not_a_crash(tmp_path):

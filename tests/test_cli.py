@@ -254,6 +254,18 @@ def test_a_kog_home_that_is_a_file(tmp_path):
         assert_one_line_error(kog(*args, env=OFFLINE | {"KOG_HOME": str(home)}), "cannot create the folder")
 
 
+def test_chat_without_a_terminal_is_one_error_not_a_hang(tmp_path):
+    result = kog("chat", env={"KOG_HOME": str(tmp_path)}, timeout=60)  # stdin and stdout are pipes here
+    assert_one_line_error(result, "kog chat needs a terminal")
+
+
+def test_a_closed_standard_output_is_one_error(tmp_path):
+    result = subprocess.run([*KOG, "generate", "hi", "--device", "cpu"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, timeout=60, env=os.environ | {"KOG_HOME": str(tmp_path)},
+                            preexec_fn=lambda: os.close(1))  # started as `kog generate hi >&-`
+    assert_one_line_error(result, "standard output is closed")
+
+
 def test_resuming_from_a_damaged_history_says_where_it_went(tmp_path):
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "chats.db").write_bytes(os.urandom(4096))

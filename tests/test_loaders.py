@@ -141,7 +141,7 @@ def write_gguf(path, arch="llama", tensor_type=gguf.GGMLQuantizationType.F32, he
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in dict(strings).items():
         writer.add_string(key, value)
-    for key, value in dict(numbers).items():
+    for key, value in ({f"{arch}.vocab_size": 16} | dict(numbers)).items():  # (token_embd's rows)
         (writer.add_uint32 if isinstance(value, int) else writer.add_float32)(key, value)
     writer.add_block_count(1)
     writer.add_embedding_length(32)
@@ -270,3 +270,128 @@ def test_config_round_trips_through_hf_format(tiny_dir):
 def test_a_mistral_window_caps_the_context(tmp_path, seed):
     make_tiny_model(tmp_path, "mistral", seed)
     assert load_model(tmp_path).config.max_context == 512
+
+
+def write_model_gguf(path, numbers=()):
+    """A whole one-layer llama GGUF: F32 tensors, a byte-level tokenizer; `numbers` override metadata (uint32)."""
+    from tests.test_tokenizer import byte_spelling
+
+    tokens = byte_spelling() + ["ĠĠ", "<|end|>"]
+    hidden, inter, rng = 32, 64, np.random.default_rng(0)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    fields = {"llama.block_count": 1, "llama.embedding_length": hidden, "llama.attention.head_count": 2,
+              "llama.attention.head_count_kv": 2, "llama.context_length": 64, "llama.feed_forward_length": inter}
+    for key, value in (fields | dict(numbers)).items():
+        writer.add_uint32(key, value)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 1) + [gguf.TokenType.CONTROL])
+    writer.add_token_merges(["Ġ Ġ"])
+    writer.add_eos_token_id(len(tokens) - 1)
+    shapes = {"token_embd.weight": (len(tokens), hidden), "output_norm.weight": (hidden,),
+              "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
+              "blk.0.attn_q.weight": (hidden, hidden), "blk.0.attn_k.weight": (hidden, hidden),
+              "blk.0.attn_v.weight": (hidden, hidden), "blk.0.attn_output.weight": (hidden, hidden),
+              "blk.0.ffn_gate.weight": (inter, hidden), "blk.0.ffn_up.weight": (inter, hidden),
+              "blk.0.ffn_down.weight": (hidden, inter)}
+    for name, shape in shapes.items():
+        writer.add_tensor(name, rng.standard_normal(shape).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.mark.parametrize("numbers, message", [
+    ({"llama.attention.head_count_kv": 0}, "lacks a valid llama.attention.head_count_kv"),
+    ({"llama.context_length": 0}, "lacks a valid llama.context_length"),
+    ({"llama.attention.head_count": 4, "llama.attention.head_count_kv": 3}, "4 attention heads do not share 3"),
+])
+def test_gguf_metadata_is_refused_before_anything_is_converted(tmp_path, monkeypatch, numbers, message):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    write_model_gguf(tmp_path / "m.gguf", numbers)
+    with pytest.raises(KogError, match=message) as refused:
+        load_model(tmp_path / "m.gguf")
+    assert str(tmp_path / "m.gguf") in str(refused.value)
+    assert not (tmp_path / "home" / "cache" / "converted").exists() or not any((tmp_path / "home" / "cache" / "converted").iterdir())
+
+
+def test_a_gguf_conversion_cleans_up_after_a_killed_one_and_takes_any_file_name(tmp_path, monkeypatch):
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    path = tmp_path / os.fsdecode(b"\xffodd name.gguf")  # not UTF-8: kept as surrogates
+    write_model_gguf(path)
+    converted = tmp_path / "home" / "cache" / "converted"
+    converted.mkdir(parents=True)
+    dead = converted / ".converting-999999999-abandoned"  # a process that no longer runs
+    live = converted / f".converting-{os.getpid()}-running"  # one that does (here: this one)
+    for staging in (dead, live):
+        staging.mkdir()
+        (staging / "model.safetensors").write_bytes(b"half")
+    model = load_model(path)
+    assert model.config.num_layers == 1 and model.source == str(path)
+    assert not dead.exists() and live.exists()
+    assert load_model(path).config == model.config  # from the cached copy
+
+
+def test_a_full_disk_while_converting_is_one_error_and_leaves_nothing(tmp_path, monkeypatch):
+    import safetensors.numpy
+
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    write_model_gguf(tmp_path / "m.gguf")
+
+    def full_disk(*args, **kwargs):
+        raise safetensors.SafetensorError("Error while serializing: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", full_disk)
+    with pytest.raises(KogError, match="cannot write the converted model .*No space left on device"):
+        load_model(tmp_path / "m.gguf")
+    assert list((tmp_path / "home" / "cache" / "converted").iterdir()) == []
+
+
+def test_a_conversion_another_process_finished_first_is_kept(tmp_path, monkeypatch):
+    from engine.loader import conversion_of, convert_gguf
+
+    monkeypatch.setenv("KOG_HOME", str(tmp_path / "home"))
+    write_model_gguf(tmp_path / "m.gguf")
+    target = conversion_of(tmp_path / "m.gguf")
+    convert_gguf(tmp_path / "m.gguf", target)  # the other process's copy
+    (target / "marker").write_text("theirs")
+    convert_gguf(tmp_path / "m.gguf", target)  # this one, finishing second
+    assert (target / "marker").read_text() == "theirs"
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+
+
+def test_a_corrupt_weight_index_or_tokenizer_config_is_one_error(tiny_dir):
+    (tiny_dir / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": 5}}))
+    with pytest.raises(KogError, match="corrupt weight index"):
+        load_model(tiny_dir)
+    (tiny_dir / "model.safetensors.index.json").write_text("[]")
+    with pytest.raises(KogError, match="corrupt weight index"):
+        load_model(tiny_dir)
+    (tiny_dir / "model.safetensors.index.json").unlink()
+    (tiny_dir / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(KogError, match="corrupt .*tokenizer_config.json: a JSON list, not an object"):
+        load_model(tiny_dir)
+
+
+def test_a_tokenizer_with_ids_past_the_vocabulary_is_refused(tiny_dir):
+    config = json.loads((tiny_dir / "config.json").read_text())
+    (tiny_dir / "config.json").write_text(json.dumps(config | {"vocab_size": 8}))
+    shrunk = {k: v[:8] if k in ("model.embed_tokens.weight", "lm_head.weight") else v
+              for k, v in load_safetensors_numpy(tiny_dir / "model.safetensors").items()}
+    save_safetensors_numpy(shrunk, tiny_dir / "model.safetensors")
+    with pytest.raises(KogError, match="more than the model's vocab_size 8"):
+        load_model(tiny_dir)
+
+
+def load_safetensors_numpy(path):
+    from safetensors.numpy import load_file
+
+    return load_file(path)
+
+
+def save_safetensors_numpy(tensors, path):
+    from safetensors.numpy import save_file
+
+    save_file(tensors, path)

@@ -146,6 +146,9 @@ def test_resolve_hf_repo(tmp_path):
     assert reg.resolve("hf:org/hubby").spec is reg.get("hubby")
     with pytest.raises(KogError, match="ORG/REPO"):
         reg.resolve("hf:no-slash")
+    for refused in ("a--b/c", ".a/b", "a/b.git", "-a/b", "a/.."):  # names the Hub itself refuses
+        with pytest.raises(KogError, match="expected hf:ORG/REPO"):
+            reg.resolve(f"hf:{refused}")
 
 
 def test_resolve_local_hf_dir_and_gguf(tmp_path):
@@ -175,6 +178,11 @@ def test_resolve_local_errors(tmp_path):
         reg.resolve(str(other))
     with pytest.raises(KogError, match="hf:Qwen/Qwen3-1.7B"):
         reg.resolve("Qwen/Qwen3-1.7B")  # forgot the hf: prefix
+    with pytest.raises(KogError, match="no such file") as err:
+        reg.resolve("./not-here")  # a path, not a repo: no hf: hint
+    assert "hf:" not in str(err.value)
+    with pytest.raises(KogError, match="no home folder found"):
+        reg.resolve("~no-such-user-of-kog/m.gguf")
 
 
 # --- on-disk state ---

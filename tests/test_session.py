@@ -109,6 +109,13 @@ def test_generation_stops_at_the_end_of_the_context(tiny):
     assert generation.stats.stop_reason == "context"
 
 
+def test_a_context_too_large_for_memory_says_to_shrink_it(tiny):
+    from engine.backends.cpu import CpuBackend
+
+    with pytest.raises(KogError, match=r"out of memory for the KV cache of a 10,000,000,000,000-token context .*--context"):
+        CpuBackend(tiny, 10**13)
+
+
 def test_stats_are_filled(tiny):
     session = open_session(tiny, device="cpu", context=256)
     generation = session.complete(list(range(10)), max_tokens=20, stop_at_eos=False)
@@ -163,6 +170,7 @@ def test_a_cancel_stops_a_long_prefill_within_a_chunk(tiny):
     backend._forward = forward_then_cancel
     assert list(events) == [] and generation.stats.stop_reason == "cancelled"
     assert len(chunks) == 2 and backend.cached_tokens == sum(chunks)
+    assert generation.stats.prefill_tokens == sum(chunks) < generation.stats.prompt_tokens  # the rate is of those read
     backend._forward = real_forward
     # what was read stays cached, and the next turn goes on from it
     again = session.complete([3 + i % 300 for i in range(900)], max_tokens=3, stop_at_eos=False)

@@ -370,3 +370,25 @@ def test_incremental_decoder_flush_resets(tok):
     assert "".join(decoder.push(i) for i in ids[:-1]) == ""
     assert decoder.flush() == tok.decode(ids[:-1])
     assert "".join(decoder.push(i) for i in tok.encode("ok")) + decoder.flush() == "ok"
+
+
+@pytest.mark.parametrize("merges, types_cut, message", [
+    (["1 2", "x y"], 0, "out of vocabulary"),  # a merge of tokens the vocabulary lacks
+    (["12"], 0, "a merge is not two tokens"),
+    (["1 2"], 1, "token types for"),
+])
+def test_a_corrupt_gguf_vocabulary_is_one_error(tmp_path, merges, types_cut, message):
+    spelled = byte_spelling()
+    tokens = spelled + ["12", "<|eot_id|>"]
+    writer = gguf.GGUFWriter(str(tmp_path / "v.gguf"), "llama")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.NORMAL] * (len(tokens) - 1 - types_cut) + [gguf.TokenType.CONTROL])
+    writer.add_token_merges(merges)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(KogError, match=message):
+        Tokenizer.from_gguf(gguf.GGUFReader(tmp_path / "v.gguf"))

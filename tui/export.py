@@ -7,6 +7,7 @@ from pathlib import Path
 
 from engine.errors import KogError
 from engine.files import write_atomic
+from engine.paths import expand_user
 
 
 def to_markdown(title: str, model: str, system: str | None, messages: list[dict]) -> str:
@@ -20,7 +21,7 @@ def to_markdown(title: str, model: str, system: str | None, messages: list[dict]
 
 def write_new(path: Path, text: str) -> Path:
     """Write `text` to `path`, which must not exist yet; a crash leaves either nothing or all of it."""
-    path = path.expanduser()
+    path = expand_user(path)
     try:
         if path.exists():
             raise KogError(f"{path} already exists; export to a new name (nothing was overwritten)")

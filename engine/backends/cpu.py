@@ -16,6 +16,7 @@ import numpy as np
 
 from engine import rope
 from engine.backends.base import Backend
+from engine.errors import KogError
 from engine.model import LoadedModel, layer_prefix
 from engine.sampling import SamplingParams, sample
 
@@ -70,8 +71,13 @@ class CpuBackend(Backend):
         self.inv_freq = rope.inverse_frequencies(c, w.get("rope_freqs.weight"))
         # np.zeros maps untouched pages lazily: memory grows with the context actually used
         shape = (c.num_layers, c.num_kv_heads, max_context, c.head_dim)
-        self.k_cache = np.zeros(shape, dtype=np.float32)
-        self.v_cache = np.zeros(shape, dtype=np.float32)
+        try:
+            self.k_cache = np.zeros(shape, dtype=np.float32)
+            self.v_cache = np.zeros(shape, dtype=np.float32)
+        except MemoryError:
+            size = 2 * np.prod(shape, dtype=np.int64) * self.kv_bytes
+            raise KogError(f"out of memory for the KV cache of a {max_context:,}-token context ({size / 1e9:,.1f} GB): "
+                           f"give a smaller --context") from None
         self.logits: np.ndarray | None = None
 
     @property

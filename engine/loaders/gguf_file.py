@@ -57,41 +57,53 @@ def _field(reader, key: str, default=None):
     return f.contents() if f is not None else default
 
 
-def _required(reader, key: str, path: Path) -> int:
-    """A positive integer the model cannot be built without."""
-    value = _field(reader, key)
-    if not isinstance(value, int) or value <= 0:
+def _positive(reader, key: str, path: Path, default: int | None = None) -> int:
+    """A positive integer field; `default` where the file has none (None: the model cannot be built without it)."""
+    value = _field(reader, key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         raise KogError(f"{path} lacks a valid {key} ({value!r}): not a complete GGUF model")
     return value
+
+
+def _number(reader, key: str, path: Path, default: float) -> float:
+    value = _field(reader, key, default)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise KogError(f"{path} lacks a valid {key} ({value!r}): not a complete GGUF model")
+    return float(value)
 
 
 def read_config(reader, path: Path) -> ModelConfig:
     arch = _field(reader, "general.architecture")
     if arch not in SUPPORTED_ARCHS:
         raise KogError(f"unsupported GGUF architecture {arch!r} in {path} (kog runs: {', '.join(sorted(SUPPORTED_ARCHS))})")
-    heads = _required(reader, f"{arch}.attention.head_count", path)
-    hidden = _required(reader, f"{arch}.embedding_length", path)
+    heads = _positive(reader, f"{arch}.attention.head_count", path)
+    hidden = _positive(reader, f"{arch}.embedding_length", path)
     names = {t.name for t in reader.tensors}
     vocab = _field(reader, f"{arch}.vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
     # end of sequence, end of turn, end of message: the converted copy keeps them all as eos ids
     stops = [_field(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eos", "eot", "eom")]
-    return ModelConfig(
+    config = ModelConfig(
         arch=arch,
         vocab_size=vocab,
         hidden_size=hidden,
-        intermediate_size=_required(reader, f"{arch}.feed_forward_length", path),
-        num_layers=_required(reader, f"{arch}.block_count", path),
+        intermediate_size=_positive(reader, f"{arch}.feed_forward_length", path),
+        num_layers=_positive(reader, f"{arch}.block_count", path),
         num_heads=heads,
-        num_kv_heads=_field(reader, f"{arch}.attention.head_count_kv", heads),
-        head_dim=_field(reader, f"{arch}.attention.key_length", hidden // heads),
-        rms_norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-6)),
-        rope_theta=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        max_context=_field(reader, f"{arch}.context_length", 2048),
+        num_kv_heads=_positive(reader, f"{arch}.attention.head_count_kv", path, heads),
+        head_dim=_positive(reader, f"{arch}.attention.key_length", path, hidden // heads or None),
+        rms_norm_eps=_number(reader, f"{arch}.attention.layer_norm_rms_epsilon", path, 1e-6),
+        rope_theta=_number(reader, f"{arch}.rope.freq_base", path, 10000.0),
+        max_context=_positive(reader, f"{arch}.context_length", path, 2048),
         tie_embeddings="output.weight" not in names,
         bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=list(dict.fromkeys(i for i in stops if i is not None)),
         rope_scaling=_rope_scaling(reader, arch, path),
     )
+    try:  # what the converted copy's config.json would be refused for, refused before anything is converted
+        ModelConfig.from_hf(config.to_hf())
+    except KogError as e:
+        raise KogError(f"{path}: {e}") from None
+    return config
 
 
 def _rope_scaling(reader, arch: str, path: Path) -> dict | None:

@@ -27,15 +27,22 @@ _DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
 def weight_files(directory: Path) -> list[Path]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
-        try:
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
-            raise KogError(f"corrupt weight index {index}: {e}") from None
-        return [directory / s for s in shards]
+        return [directory / s for s in index_shards(index)]
     single = directory / "model.safetensors"
     if not single.exists():
         raise KogError(f"no weights in {directory} (expected model.safetensors or model.safetensors.index.json)")
     return [single]
+
+
+def index_shards(index: Path) -> list[str]:
+    """The weight files a model.safetensors.index.json names, each once."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        if not isinstance(weight_map, dict) or not all(isinstance(s, str) for s in weight_map.values()):
+            raise ValueError("its weight_map is not an object of file names")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise KogError(f"corrupt weight index {index}: {e}") from None
+    return sorted(set(weight_map.values()))
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
@@ -88,11 +95,15 @@ def load_dir(directory: Path, name: str | None = None) -> LoadedModel:
     if config.tie_embeddings:
         weights.pop("lm_head.weight", None)
     check_weights(config, weights, directory)
+    tokenizer = Tokenizer.from_dir(directory)
+    if tokenizer.vocab_size > config.vocab_size:  # ids past the embedding's rows: no model to run them through
+        raise KogError(f"the tokenizer in {directory} has {tokenizer.vocab_size:,} tokens, "
+                       f"more than the model's vocab_size {config.vocab_size:,}")
     return LoadedModel(
         name=name or directory.name,
         config=config,
         weights=weights,
-        tokenizer=Tokenizer.from_dir(directory),
+        tokenizer=tokenizer,
         source=str(directory),
     )
 
