@@ -90,6 +90,8 @@ class Generation:
         self.token_ids: list[int] = []
         self.text = ""
         self._started = False
+        # here, not as the stream starts: a cancel from now on stops it, even one before its thread has begun
+        session.backend.reset_cancel()
 
     def __iter__(self) -> Iterator[TokenEvent]:
         if self._started:
@@ -110,7 +112,6 @@ class Generation:
         stats.stop_reason = "cancelled"
         try:
             start = time.perf_counter()
-            backend.reset_cancel()
             stats.reused_tokens = session._prepare_cache(self._prompt_ids)
             backend.prefill(self._prompt_ids[stats.reused_tokens :])
             stats.prefill_s = time.perf_counter() - start

@@ -155,6 +155,15 @@ def test_a_cancel_during_prefill_stops_the_generation(tiny):
     assert len(run(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4
 
 
+def test_a_cancel_before_the_stream_starts_is_kept(tiny):
+    session = open_session(tiny, device="cpu", context=512)
+    generation = session.complete(list(range(3, 200)), max_tokens=50, stop_at_eos=False)
+    generation.cancel()  # Esc before the thread that reads the stream has begun
+    assert run(generation) == [] and generation.stats.stop_reason == "cancelled"
+    assert generation.stats.prefill_tokens == 0
+    assert len(run(session.complete([1, 2, 3], max_tokens=4, stop_at_eos=False))) == 4  # the next one runs
+
+
 def test_a_cancel_stops_a_long_prefill_within_a_chunk(tiny):
     session = open_session(tiny, device="cpu", context=1024)
     generation = session.complete([3 + i % 300 for i in range(900)], max_tokens=5, stop_at_eos=False)

@@ -65,7 +65,7 @@ class Backend(ABC):
         self._cancel.set()
 
     def reset_cancel(self) -> None:
-        """Forget an earlier cancel: called as a generation starts, before its prefill."""
+        """Forget an earlier cancel: called as a generation is made, before its stream starts."""
         self._cancel.clear()
 
     def close(self) -> None:
