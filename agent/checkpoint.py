@@ -158,8 +158,10 @@ class CopyStore:
         for folder, dirs, names in os.walk(self.root):
             here = Path(folder)
             dirs[:] = [d for d in dirs if d != ".git" and not (here == self.root and d == KOG_DIR)]
-            # a symlink to a folder is listed by os.walk among the folders: it is a file to us
-            found += [(here / n).relative_to(self.root).as_posix() for n in names + [d for d in dirs if (here / d).is_symlink()]]
+            # a symlink to a folder is listed by os.walk among the folders: it is a file to us; a named pipe or a
+            # socket is not (reading one would wait forever or fail)
+            found += [(here / n).relative_to(self.root).as_posix() for n in names + [d for d in dirs if (here / d).is_symlink()]
+                      if _is_file_or_link(here / n)]
             dirs[:] = [d for d in dirs if not (here / d).is_symlink()]
         return found
 

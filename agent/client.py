@@ -51,4 +51,5 @@ class ModelClient(Protocol):
     def prompt_tokens(self, system: str, messages: list[dict]) -> int:
         """What sending this conversation would cost in tokens (exact locally, estimated over HTTP)."""
 
-    def generate(self, system: str, messages: list[dict], max_tokens: int) -> Reply: ...
+    def generate(self, system: str, messages: list[dict], max_tokens: int, deadline: float | None = None) -> Reply:
+        """`deadline` (a time.perf_counter() value): the reply ends by then, cancelled, even where no text comes."""

@@ -62,7 +62,8 @@ class LocalClient:
         conversation = [{"role": "system", "content": system}, *messages]
         return len(self._tokenizer.encode_chat(conversation, add_generation_prompt=True))
 
-    def generate(self, system: str, messages: list[dict], max_tokens: int) -> LocalReply:
+    def generate(self, system: str, messages: list[dict], max_tokens: int, deadline: float | None = None) -> LocalReply:
+        # (`deadline`: the loop checks it at every token, which the engine here never stops sending)
         self.session.system = system
         self.session.set_messages(messages[:-1])
         return LocalReply(self.session.send(messages[-1]["content"], self.params, max_tokens))

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 
@@ -40,27 +40,35 @@ def _error_text(response: httpx.Response) -> str:
 
 
 class OpenAIReply:
-    def __init__(self, client: OpenAIClient, body: dict):
+    def __init__(self, client: OpenAIClient, body: dict, deadline: float | None):
         self._client = client
         self._body = body
+        self._deadline = deadline
         self._cancelled = threading.Event()
         self.stats = ReplyStats()
 
     def cancel(self) -> None:
         self._cancelled.set()
 
+    def _over(self) -> bool:
+        return self._cancelled.is_set() or (self._deadline is not None and time.perf_counter() >= self._deadline)
+
     def __iter__(self) -> Iterator[str]:
         start = time.perf_counter()
         first = last = None
         stats = self.stats
         stats.stop_reason = "cancelled"
+        read_s = self._client.read_timeout_s
+        if self._deadline is not None:  # a server gone quiet is waited for until the deadline at most
+            read_s = max(0.1, min(read_s, self._deadline - start))
         try:
-            with self._client.http.stream("POST", self._client.chat_url, json=self._body) as response:
+            with self._client.http.stream("POST", self._client.chat_url, json=self._body,
+                                          timeout=httpx.Timeout(read_s, connect=min(10.0, read_s))) as response:
                 if response.status_code != 200:
                     response.read()
                     raise KogError(f"{self._client.chat_url} answered {response.status_code}: {_error_text(response)}")
-                for chunk in _events(response.iter_lines(), self._client.chat_url):
-                    if self._cancelled.is_set():
+                for chunk in _events(response.iter_lines(), self._client.chat_url, self._over):
+                    if self._over():
                         return
                     if "error" in chunk:
                         raise KogError(f"{self._client.chat_url} reported an error: {_message(chunk)}")
@@ -83,17 +91,22 @@ class OpenAIReply:
                     if usage.get("completion_tokens"):
                         stats.generated_tokens = usage["completion_tokens"]
         except httpx.TimeoutException:
+            if self._over():  # the deadline came while the server was quiet: a cancelled reply, not a failure
+                return
             raise KogError(f"{self._client.chat_url} stopped answering (no data for {self._client.read_timeout_s:.0f} s)") from None
         except httpx.HTTPError as e:
             raise KogError(f"cannot reach {self._client.chat_url}: {' '.join(str(e).split()) or type(e).__name__}") from None
-        if stats.stop_reason == "cancelled" and not self._cancelled.is_set():
+        if stats.stop_reason == "cancelled" and not self._over():
             stats.stop_reason = "stop"  # the stream ended without a finish_reason
 
 
-def _events(lines: Iterator[str], url: str) -> Iterator[dict]:
-    """The JSON payloads of a server-sent event stream, until [DONE]."""
+def _events(lines: Iterator[str], url: str, stop: Callable[[], bool]) -> Iterator[dict]:
+    """The JSON payloads of a server-sent event stream, until [DONE] or until `stop()` (checked at every line:
+    a server may send only keep-alive comments for as long as it likes)."""
     data: list[str] = []
     for line in lines:
+        if stop():
+            return
         if line.startswith("data:"):
             data.append(line[5:].lstrip())
         elif not line.strip() and data:  # a blank line ends an event
@@ -160,7 +173,7 @@ class OpenAIClient:
         conversation = [{"content": system}, *messages]
         return sum(self.count_tokens(m["content"]) + PER_MESSAGE_TOKENS for m in conversation)
 
-    def generate(self, system: str, messages: list[dict], max_tokens: int) -> OpenAIReply:
+    def generate(self, system: str, messages: list[dict], max_tokens: int, deadline: float | None = None) -> OpenAIReply:
         body = {
             "model": self.name,
             "messages": [{"role": "system", "content": system}, *messages],
@@ -169,4 +182,4 @@ class OpenAIClient:
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        return OpenAIReply(self, body)
+        return OpenAIReply(self, body, deadline)

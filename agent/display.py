@@ -162,7 +162,7 @@ def replay(records: list[dict], console: Console, full: bool = False) -> None:
     for number, record in enumerate(records, 1):
         try:
             shown = render(record, full)
-        except (KeyError, TypeError, AttributeError):
+        except (KeyError, TypeError, AttributeError, ValueError):
             raise KogError(f"record {number} ({record.get('type')}) lacks fields kog agent writes; was the log edited?") from None
         console.print(Group(*shown))
     if records[-1].get("type") != "end":

@@ -99,7 +99,7 @@ class Agent:
             "checkpoint_kind": self.checkpoint.kind, "options": asdict(self.options), "system": self.system,
             "time": time.time(),
         })
-        before = last = None
+        before = last = error = None
         try:
             before = last = self.test("before")
             self.emit({"type": "tests", "label": "before", "tests": before.as_dict()})
@@ -116,7 +116,12 @@ class Agent:
                     stop, last = self.step(last)
         except KeyboardInterrupt:
             stop = "interrupted"
-        return self.finish(stop, before, last)
+        except KogError as e:  # the model's server or the disk failed mid-run: the run still ends whole,
+            stop, error = "error", e  # so that its edits are listed and undo knows them, then the error is told
+        summary = self.finish(stop, before, last)
+        if error is not None:
+            raise error
+        return summary
 
     def out_of_budget(self) -> str | None:
         if self.steps >= self.options.max_steps:
@@ -192,16 +197,19 @@ class Agent:
 
     def generate(self, n: int, messages: list[dict], max_tokens: int) -> tuple[str, ReplyStats, float]:
         start = time.perf_counter()
-        reply = self.client.generate(self.system, messages, max_tokens)
-        pieces, cancelled = [], False
+        reply = self.client.generate(self.system, messages, max_tokens, self.deadline)
+        pieces, cancelled, cut = [], False, False
         try:
             for piece in reply:
                 pieces.append(piece)
                 stats = reply.stats
                 self.display.status(f"step {n} · generating · {stats.generated_tokens} tok · {stats.decode_tok_s:.1f} tok/s")
-                if not cancelled and time.perf_counter() >= self.deadline:
+                if not (cancelled or cut) and time.perf_counter() >= self.deadline:
                     reply.cancel()  # the stream ends within a token
                     cancelled = True
+                elif not (cancelled or cut) and stats.generated_tokens >= max_tokens:
+                    reply.cancel()  # a server that does not keep to max_tokens itself
+                    cut = True
         except KeyboardInterrupt:
             reply.cancel()
             raise
@@ -214,6 +222,8 @@ class Agent:
             self.decoded += max(0, stats.generated_tokens - 1)
         if cancelled:
             stats.stop_reason = "cancelled"
+        elif cut:
+            stats.stop_reason = "length"
         return "".join(pieces), stats, wall
 
     def test(self, label: str) -> TestRun:

@@ -35,11 +35,12 @@ class Trajectory:
 def read(path: Path) -> list[dict]:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        # (a log cut inside a character still reads: the cut line is dropped below)
+        text = path.read_bytes().decode("utf-8", errors="replace")
     except FileNotFoundError:
         raise KogError(f"no such log: {path}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise KogError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
+    except OSError as e:
+        raise KogError(f"cannot read {path}: {e.strerror or e}") from None
     lines = text.splitlines()
     records = []
     for number, line in enumerate(lines, 1):

@@ -2,7 +2,8 @@
 
 Every path the model names comes through `resolve`: relative, no `..`, and — after
 symlinks are followed — still inside the repository. Nothing under `.git` or `.kog` (the
-harness's own checkpoints and logs) is readable or writable. Writes are atomic (a temp
+harness's own checkpoints and logs), nor in a nested repository (a submodule, which the
+checkpoint does not cover), is readable or writable. Writes are atomic (a temp
 file in the same folder, then rename) and pass two gates first: test files and test
 configuration need `allow_test_edits`, and the checkpoint must have saved the repository.
 """
@@ -32,6 +33,8 @@ TEST_DIRS = {"test", "tests", "__tests__", "spec", "testdata"}
 TEST_NAMES = (
     "test_*.py", "*_test.py", "conftest.py", "*_test.go", "*.test.[jt]s", "*.test.[jt]sx", "*.test.mjs",
     "*.spec.[jt]s", "*.spec.[jt]sx", "pytest.ini", "tox.ini", "jest.config.*", "vitest.config.*", ".mocharc*",
+    "tests.py", "test.py",  # (unittest finds test*.py)
+    "pyproject.toml", "setup.cfg", "noxfile.py",  # where pytest's options (a --deselect) can live
 )
 MAX_READ_BYTES = 1 << 20
 
@@ -52,6 +55,8 @@ class Workspace:
         path = path.strip()
         if not path:
             raise ToolError("empty path")
+        if "\0" in path:
+            raise ToolError(f"{path!r}: a path cannot hold a NUL character")
         pure = PurePosixPath(path)
         if pure.is_absolute() or path.startswith("~") or "\\" in path:
             raise ToolError(f"{path}: absolute paths are not allowed; use a path relative to the repository root")
@@ -63,6 +68,11 @@ class Workspace:
         inside = real.relative_to(self.root).parts
         if any(part in HIDDEN for part in (*pure.parts, *inside)):
             raise ToolError(f"{path}: .git and .kog are off limits")
+        for folder in real.parents if real != self.root else ():
+            if folder == self.root:
+                break
+            if (folder / ".git").exists():  # a submodule or nested repository: the checkpoint cannot restore it
+                raise ToolError(f"{path}: inside the nested git repository {self.relative(folder)}, which is off limits")
         return real
 
     def relative(self, real: Path) -> str:

@@ -249,9 +249,11 @@ def _table_cells(run, results, bandwidth: float) -> dict[str, str]:
 
 def _require_matplotlib() -> None:
     try:
-        import matplotlib  # noqa: F401
+        import matplotlib.pyplot  # noqa: F401  (pyplot: a bad MPLBACKEND fails here, not after the measuring)
     except ImportError:
         raise KogError("--plot needs matplotlib: pip install 'kog[bench]'") from None
+    except ValueError as e:
+        raise KogError(f"--plot cannot start matplotlib: {' '.join(str(e).split())}") from None
 
 
 def _plot(results, bandwidth: float, path: Path) -> None:

@@ -70,6 +70,21 @@ def test_copy_checkpoint_outside_git_restores_exactly(tmp_path):
     assert snapshot(root) == before
 
 
+def test_a_copy_checkpoint_skips_named_pipes_and_sockets(tmp_path):
+    import socket
+
+    root = make_repo(tmp_path, "py_mean", use_git=False)
+    prepare(root)
+    os.mkfifo(root / "pipe")  # reading it would wait for a writer forever
+    with socket.socket(socket.AF_UNIX) as unix:
+        unix.bind(str(root / "sock"))
+        before = snapshot(root)
+        Checkpoint(root, "run1").take()
+        mess_up(root)
+        undo(root)
+        assert snapshot(root) == before
+
+
 def test_undo_removes_files_hidden_by_an_edited_gitignore(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     before = snapshot(root)

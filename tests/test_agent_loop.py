@@ -341,6 +341,23 @@ def test_undo_brings_back_an_ignored_file_a_command_deleted(tmp_path):
     assert snapshot(root) == before
 
 
+def test_a_server_failing_mid_run_still_ends_it_whole_so_undo_guards_later_work(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    before = snapshot(root)
+    wrong_fix = FIX_MEAN.replace("/ len(values)", "/ (len(values) - 2)")  # an edit that fixes nothing
+    with pytest.raises(KogError, match="answered 500"):
+        run(root, [wrong_fix, KogError("the server answered 500")], tmp_path, test_cmd=QUICK_MEAN_TEST)
+    records = trajectory.read(tmp_path / "log0.jsonl")
+    assert records[-1]["type"] == "end" and records[-1]["summary"]["stop_reason"] == "error"
+    assert records[-1]["summary"]["files_changed"] == ["stats.py"]
+    (root / "stats.py").write_text("# the user's own work after the run\n")
+    with pytest.raises(KogError, match="changed since run"):
+        undo(root)
+    assert (root / "stats.py").read_text() == "# the user's own work after the run\n"
+    undo(root, force=True)
+    assert snapshot(root)["stats.py"] == before["stats.py"]
+
+
 def test_a_log_inside_the_repository_does_not_stop_undo(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     before = snapshot(root)
@@ -368,3 +385,11 @@ def test_a_context_too_small_for_the_agent_is_a_clear_error(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     with pytest.raises(KogError, match="too small for the agent"):
         Agent(root, ScriptedModel([], context_size=600), Options(), Display())
+
+
+def test_a_log_cut_inside_a_character_still_replays(tmp_path):
+    log = tmp_path / "run.jsonl"
+    whole = ['{"type": "start", "note": "a → b"}', '{"type": "step", "output": "x → y"}']
+    data = ("\n".join(whole) + "\n").encode()
+    log.write_bytes(data[: data.rindex("→".encode()) + 1])  # killed while writing the arrow's second byte
+    assert [r["type"] for r in trajectory.read(log)] == ["start"]

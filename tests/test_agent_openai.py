@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import socket
+import time
 
 import pytest
 from agent_fixtures.repos import make_repo
@@ -67,6 +68,24 @@ def test_cancel_ends_the_stream():
             pieces.append(piece)
             reply.cancel()
     assert len(pieces) == 1 and reply.stats.stop_reason == "cancelled"
+
+
+@pytest.mark.parametrize("pings", [False, True])
+def test_a_quiet_server_is_waited_for_until_the_deadline_only(pings):
+    with ScriptedServer([{"quiet_s": 20, "pings": pings}]) as server:
+        start = time.perf_counter()
+        reply = OpenAIClient(server.url, model="m").generate("s", [{"role": "user", "content": "u"}], 100, start + 1.0)
+        assert collect(reply) == ""
+        assert time.perf_counter() - start < 3
+    assert reply.stats.stop_reason == "cancelled"  # the loop's "timeout", not an error
+
+
+def test_the_agent_cuts_an_answer_the_server_runs_past_max_tokens(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    with ScriptedServer([{"text": "blah " * 400, "overrun": True}]) as server:
+        client = OpenAIClient(server.url, model="m")
+        summary = fix(root, client, Options(max_steps=1, step_tokens=50), Display(Console(file=io.StringIO())))
+    assert summary["generated_tokens"] <= 51
 
 
 def test_the_api_key_is_sent_as_a_bearer_token():

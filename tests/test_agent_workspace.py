@@ -35,6 +35,7 @@ def workspace(root, **kw) -> Workspace:
     ("sub/.git/HEAD", ".git and .kog are off limits"),
     (".kog/checkpoints/x.json", ".git and .kog are off limits"),
     ("", "empty path"),
+    ("stats\0.py", "cannot hold a NUL"),
 ])
 def test_paths_outside_the_repository_are_refused(repo, path, fragment):
     ws = workspace(repo)
@@ -70,7 +71,8 @@ def test_writing_into_git_through_a_symlink_is_refused(repo):
 
 def test_test_files_and_test_configuration_need_permission(repo):
     ws = workspace(repo, protected=["Makefile"])
-    for path in ("tests/test_stats.py", "pytest.ini", "conftest.py", "Makefile", "lib/foo_test.py", "web/a.spec.ts"):
+    for path in ("tests/test_stats.py", "pytest.ini", "conftest.py", "Makefile", "lib/foo_test.py", "web/a.spec.ts",
+                 "pyproject.toml", "setup.cfg", "tests.py"):  # (the middle two can hold a --deselect)
         assert ws.is_test_file(path), path
         with pytest.raises(ToolError, match="--allow-test-edits"):
             ws.write_text(path, "")
@@ -78,6 +80,19 @@ def test_test_files_and_test_configuration_need_permission(repo):
     allowed = workspace(repo, allow_test_edits=True)
     allowed.write_text("tests/test_stats.py", "def test_x():\n    pass\n")
     assert (repo / "tests/test_stats.py").read_text() == "def test_x():\n    pass\n"
+
+
+def test_a_nested_repository_is_off_limits(repo):
+    nested = repo / "vendor" / "lib"
+    nested.mkdir(parents=True)
+    git(nested, "init", "-q")  # as a submodule or a cloned dependency: the checkpoint would not restore it
+    (nested / "util.py").write_text("x = 1\n")
+    ws = workspace(repo)
+    for path in ("vendor/lib/util.py", "vendor/lib/new.py"):
+        with pytest.raises(ToolError, match="inside the nested git repository vendor/lib"):
+            ws.write_text(path, "x = 2\n")
+    assert (nested / "util.py").read_text() == "x = 1\n"
+    ws.write_text("vendor/own.py", "y = 1\n")  # beside it is the repository's own
 
 
 def test_writes_are_atomic_and_keep_the_mode(repo):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from pathlib import Path
 
@@ -36,12 +37,16 @@ def ignore(root: Path, *patterns: str) -> None:
 
 
 def snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
-    """Every file outside .git and .kog: (mode, bytes), a symlink as (0, its target)."""
+    """Every file outside .git and .kog: (mode, bytes), a symlink as (0, its target), a pipe or socket as (mode, b"")."""
     found = {}
     for folder, dirs, names in os.walk(root):
         dirs[:] = [d for d in dirs if d not in (".git", ".kog")]
         for name in names + [d for d in dirs if os.path.islink(os.path.join(folder, d))]:
             path = Path(folder, name)
             rel = path.relative_to(root).as_posix()
-            found[rel] = (0, os.readlink(path).encode()) if path.is_symlink() else (path.stat().st_mode & 0o7777, path.read_bytes())
+            if path.is_symlink():
+                found[rel] = (0, os.readlink(path).encode())
+            else:
+                mode = path.stat().st_mode
+                found[rel] = (mode & 0o7777, path.read_bytes() if stat.S_ISREG(mode) else b"")
     return found

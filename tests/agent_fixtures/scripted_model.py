@@ -50,7 +50,8 @@ class ScriptedReply:
 
 
 class ScriptedModel:
-    """Answers step N with answers[N]; running out of answers fails the test that used it."""
+    """Answers step N with answers[N] (an exception: raised, as a failing server's); running out of answers fails
+    the test that used it."""
 
     def __init__(self, answers: list, context_size: int = 16384, name: str = "scripted"):
         self.answers = list(answers)
@@ -64,8 +65,11 @@ class ScriptedModel:
     def prompt_tokens(self, system: str, messages: list[dict]) -> int:
         return sum(self.count_tokens(m["content"]) + 4 for m in [{"content": system}, *messages])
 
-    def generate(self, system: str, messages: list[dict], max_tokens: int) -> ScriptedReply:
+    def generate(self, system: str, messages: list[dict], max_tokens: int, deadline: float | None = None) -> ScriptedReply:
         if not self.answers:
             raise AssertionError(f"the scripted model ran out of answers at step {len(self.prompts) + 1}")
         self.prompts.append((system, [dict(m) for m in messages], max_tokens))
-        return ScriptedReply(self.answers.pop(0), max_tokens, self.prompt_tokens(system, messages))
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):  # the server failing at this step
+            raise answer
+        return ScriptedReply(answer, max_tokens, self.prompt_tokens(system, messages))

@@ -3,7 +3,8 @@
 A test double of a model server: the agent's HTTP client talks to it over a real socket,
 with real server-sent events. Each POST to /v1/chat/completions takes the next answer;
 an answer may also be a dict that makes the server misbehave in one way (an error status,
-a stream cut short, a payload that is not JSON). It shuts itself down after `lifetime_s`
+a stream cut short, a payload that is not JSON, a stream that stays quiet, an answer past
+max_tokens). It shuts itself down after `lifetime_s`
 even if a test forgets to.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 CHARS_PER_TOKEN = 4
@@ -90,9 +92,20 @@ def _handler(server: ScriptedServer):
             self.wfile.write(b": the scripted server says hello\n\n")  # an SSE comment, to be skipped
             if isinstance(answer, dict) and "raw" in answer:
                 return self.wfile.write(answer["raw"].encode())
+            if isinstance(answer, dict) and "quiet_s" in answer:  # the stream open, no token: keep-alives or nothing
+                end = time.monotonic() + answer["quiet_s"]
+                try:
+                    while time.monotonic() < end:
+                        if answer.get("pings"):
+                            self.wfile.write(b": ping\n\n")
+                            self.wfile.flush()
+                        time.sleep(0.1)
+                except OSError:  # the client has gone
+                    pass
+                return
             text = answer["text"] if isinstance(answer, dict) else answer
             pieces = [text[i : i + CHARS_PER_TOKEN] for i in range(0, len(text), CHARS_PER_TOKEN)]
-            limit = body.get("max_tokens") or len(pieces)
+            limit = len(pieces) if isinstance(answer, dict) and answer.get("overrun") else body.get("max_tokens") or len(pieces)
             for n, piece in enumerate(pieces[:limit]):
                 if isinstance(answer, dict) and n == answer.get("cut_after"):
                     return  # the connection closes mid-stream, with no [DONE]
