@@ -181,7 +181,8 @@ def test_escape_stops_at_once_and_keeps_the_partial_reply(default_gguf, tmp_path
             assert "stopped" in str(last_reply(app).query_one("Label").render())
             assert app.store.messages(app.chat_id)[-1].content == partial
 
-            await send(pilot, app, "Thanks.")
+            # (a reply long enough that Ctrl+C below finds it still streaming)
+            await send(pilot, app, "Thanks. Now write another long story, about a cat who learns to sail.")
             await wait_for(pilot, lambda: app.generation and app.generation.stats.generated_tokens, 60, "a token")
             # the history, partial reply included, came from the cache
             assert app.generation.stats.reused_tokens >= stopped.prompt_tokens + stopped.generated_tokens - 2
