@@ -204,12 +204,13 @@ class Agent:
                 pieces.append(piece)
                 stats = reply.stats
                 self.display.status(f"step {n} · generating · {stats.generated_tokens} tok · {stats.decode_tok_s:.1f} tok/s")
-                if not (cancelled or cut) and time.perf_counter() >= self.deadline:
-                    reply.cancel()  # the stream ends within a token
-                    cancelled = True
-                elif not (cancelled or cut) and stats.generated_tokens >= max_tokens:
-                    reply.cancel()  # a server that does not keep to max_tokens itself
-                    cut = True
+                if not (cancelled or cut):
+                    if time.perf_counter() >= self.deadline:
+                        reply.cancel()  # the stream ends within a token
+                        cancelled = True
+                    elif stats.generated_tokens >= max_tokens:
+                        reply.cancel()  # a server that does not keep to max_tokens itself
+                        cut = True
         except KeyboardInterrupt:
             reply.cancel()
             raise
