@@ -88,7 +88,8 @@ def render(
             tools=tools,
             bos_token=bos_token,
             eos_token=eos_token,
-            **variables,
+            # transformers always passes documents (None without RAG), so `documents is not none` is false
+            **{"documents": None, **variables},
         )
     except jinja2.TemplateError as e:
         # raise_exception, undefined variables and sandbox violations all land here

@@ -174,6 +174,12 @@ def test_extra_variables(enable_thinking):
     assert ("<think>" in out) != enable_thinking
 
 
+def test_documents_defined_as_in_transformers():
+    template = "{% if documents is not none %}[{{ documents | length }} docs]{% endif %}{{ messages[0].content }}"
+    chat = MESSAGES["user"]
+    assert render(template, chat) == hf_render(template, chat) == "Hello!"
+
+
 def test_tojson_options():
     value = {"b": "ü", "a": [1, {"z": None}]}
     out = render("{{ messages | tojson }}|{{ messages | tojson(indent=2) }}|{{ messages | tojson(sort_keys=true) }}", value)
