@@ -94,5 +94,6 @@ def render(
     except jinja2.TemplateError as e:
         # raise_exception, undefined variables and sandbox violations all land here
         raise KogError(f"chat template error: {_one_line(e.message or type(e).__name__)}") from None
-    except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+    except (TypeError, ValueError, KeyError, IndexError, AttributeError, ArithmeticError) as e:
+        # ArithmeticError: a division by zero, or the sandbox's OverflowError for a too-big range
         raise KogError(f"chat template failed: {_one_line(e)}") from None

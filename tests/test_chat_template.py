@@ -212,6 +212,8 @@ def test_compiled_once():
         ("{{ messages.append(1) }}", "chat template error"),
         ("{{ nothing.at_all }}", "chat template error: 'nothing' is undefined"),
         ("{{ 1 + 'a' }}", "chat template failed"),
+        ("{{ 1 // 0 }}", "chat template failed: integer division or modulo by zero"),
+        ("{% for i in range(10**9) %}{% endfor %}", "chat template failed: Range too big"),
     ],
 )
 def test_errors_are_one_line_kog_errors(template, message):
