@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import platform
@@ -128,6 +129,10 @@ def _check_writable(path: Path) -> None:
         raise KogError(f"cannot write {path}: {e.strerror or e}") from None
     if not folder.is_dir():
         raise KogError(f"cannot write {path}: {folder} is not a folder")
+    # a name too long for the file system fails only when written: after the measuring
+    name_max = os.pathconf(folder, "PC_NAME_MAX")
+    if any(len(os.fsencode(name)) > name_max for name in path.relative_to(folder).parts):
+        raise KogError(f"cannot write {path}: {os.strerror(errno.ENAMETOOLONG)}")
     try:  # a real file: permission bits do not tell of read-only mounts or /proc (nor root's limits)
         fd, probe = tempfile.mkstemp(prefix=".kog-probe-", dir=folder)
         os.close(fd)

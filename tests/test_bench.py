@@ -154,10 +154,13 @@ def test_a_report_that_cannot_be_written_fails_before_measuring(tmp_path):
     (tmp_path / "a-file").write_text("")
     # /proc: a folder whose permission bits say writable (to root), yet no file can be made there
     proc = [Path("/proc/kog-bench.json")] if Path("/proc/self").is_dir() else []
-    for out in (tmp_path, tmp_path / "a-file" / "bench.json", *proc):
+    too_long = "n" * 300  # longer than any file system's longest name
+    for out in (tmp_path, tmp_path / "a-file" / "bench.json", *proc, tmp_path / f"{too_long}.json",
+                tmp_path / "new" / too_long / "bench.json"):
         result = kog("bench", "--quick", "--device", "cpu", "--json", str(out))
         assert_one_line_error(result, f"cannot write {out}")
         assert "measuring" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
 def test_a_context_the_model_cannot_hold_fails_before_measuring():
