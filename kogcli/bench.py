@@ -16,6 +16,7 @@ from rich.table import Table
 
 from engine.errors import KogError
 from engine.files import write_atomic
+from engine.paths import expand_user
 from kogcli.common import err, print_table, user_errors
 
 QUICK_CONTEXTS, FULL_CONTEXTS = [32], [32, 1024, 4096]
@@ -119,6 +120,7 @@ def _check_fits(name: str, max_context: int, workloads) -> None:
 
 def _check_writable(path: Path) -> None:
     """A one-line error now if `path` could not be written (write_atomic makes missing folders)."""
+    path = expand_user(path)  # where write_atomic will write (`--json=~/b.json`: the shell leaves that ~ to us)
     try:
         if path.is_dir():
             raise KogError(f"cannot write {path}: it is a folder")

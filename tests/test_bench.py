@@ -163,6 +163,15 @@ def test_a_report_that_cannot_be_written_fails_before_measuring(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
 
 
+def test_a_report_path_with_a_tilde_is_checked_where_it_will_be_written(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    for out, home, fragment in (("~no-such-user-kog/bench.json", None, "no home folder found for its ~"),
+                                ("~/bench.json", tmp_path / "a-file", "a-file is not a folder")):
+        result = kog("bench", "--quick", "--device", "cpu", f"--json={out}", env={"HOME": str(home)} if home else None)
+        assert_one_line_error(result, fragment)
+        assert "measuring" not in result.stderr
+
+
 def test_a_context_the_model_cannot_hold_fails_before_measuring():
     # the second model's limit: not after the first model's runs
     result = kog("bench", "--device", "cpu", "--model", "qwen2.5-coder-0.5b-instruct", "--model", "smollm2-135m-instruct",
