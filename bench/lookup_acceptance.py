@@ -1,0 +1,129 @@
+"""How many tokens a pass would a draft copied from the context give the decode? (real weights; no timing)
+
+A plain decode takes one token a pass through the model, and on the small shapes a pass is a latency chain,
+not a byte stream (PERF.md). A draft of the next k tokens copied from the context (the tokens that followed
+the latest earlier occurrence of the context's last n tokens, the longest n up to --ngram that occurs) lets
+one pass over k + 1 positions keep every draft token up to the first the model would not have picked, plus
+the model's own next token. Greedy tokens do not depend on the drafts, so one greedy decode a prompt gives the
+exact number of passes for every k. Coding agents copy a lot (SEARCH blocks, whole-file rewrites, tests that
+quote the code); prose copies little: the prompts below hold both.
+
+    python bench/lookup_acceptance.py [--model NAME] [--device cpu|cuda] [--tokens 256] [--drafts 2,4,8]
+
+For each prompt it prints the tokens a pass for each k, and for k = 4 the share of passes that had a draft
+and the share whose draft lost its first token (a pass that a plain decode would have run anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from agent import prompts
+from engine.api import load, open_session
+from engine.sampling import SamplingParams
+
+CODE = '''import json
+from pathlib import Path
+
+
+class Inventory:
+    """Items and their counts, saved as JSON."""
+
+    def __init__(self, path):
+        self.path = Path(path)
+        self.items = {}
+        if self.path.exists():
+            self.items = json.loads(self.path.read_text())
+
+    def add(self, name, count=1):
+        if count <= 0:
+            raise ValueError("count must be positive")
+        self.items[name] = self.items.get(name, 0) + count
+
+    def remove(self, name, count=1):
+        have = self.items.get(name, 0)
+        if count > have:
+            raise ValueError(f"only {have} of {name}")
+        self.items[name] = have - count
+        if self.items[name] == 0:
+            del self.items[name]
+
+    def total(self):
+        return sum(self.items.values())
+
+    def save(self):
+        self.path.write_text(json.dumps(self.items, indent=2))
+'''
+
+PROMPTS = {  # name: (system message or None, user message)
+    "write": (None, "Write a Python function that reverses a list."),
+    "explain": (None, f"Explain what this code does, method by method.\n```python\n{CODE}```"),
+    "rename": (None, f"Here is a file:\n```python\n{CODE}```\nRename the method `total` to `count_all` and output the whole file."),
+    "tests": (None, f"Write pytest tests for this class.\n```python\n{CODE}```"),
+    "agent": (
+        prompts.system(allow_shell=False, allow_test_edits=False),
+        "The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
+        "Output:\nFAILED tests/test_inventory.py::test_remove_too_many - DID NOT RAISE ValueError\n\n"
+        f"--- inventory.py\n{CODE.replace('if count > have:', 'if count > have + 1:')}",
+    ),
+}
+
+
+def draft(context: list[int], k: int, ngram: int) -> list[int]:
+    """The k tokens that followed the latest earlier occurrence of the context's last n tokens (n from ngram
+    down to 1), fewer where the context ends first; [] where no suffix occurs earlier."""
+    for n in range(min(ngram, len(context) - 1), 0, -1):
+        tail = context[-n:]
+        for start in range(len(context) - n - 1, -1, -1):
+            if context[start : start + n] == tail:
+                return context[start + n : start + n + k]
+    return []
+
+
+def passes(prompt: list[int], generated: list[int], k: int, ngram: int) -> tuple[int, int, int]:
+    """(passes, passes with a draft, passes whose draft's first token was wrong) to decode `generated`."""
+    context, done = list(prompt), 0
+    count = drafted = missed = 0
+    while done < len(generated):
+        guess = draft(context, k, ngram)
+        kept = 0
+        while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
+            kept += 1
+        step = min(kept + 1, len(generated) - done)  # the kept drafts and the pass's own token
+        context += generated[done : done + step]
+        done += step
+        count, drafted, missed = count + 1, drafted + bool(guess), missed + (bool(guess) and kept == 0)
+    return count, drafted, missed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--drafts", default="2,4,8")
+    parser.add_argument("--ngram", type=int, default=4)
+    args = parser.parse_args()
+    ks = [int(k) for k in args.drafts.split(",")]
+    model = load(args.model)
+    totals = {k: [0, 0] for k in ks}
+    print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to 1")
+    for name, (system, text) in PROMPTS.items():
+        session = open_session(model, device=args.device, context=4096, system=system)
+        prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}], add_generation_prompt=True)
+        generated = [event.id for event in session.send(text, SamplingParams(), max_tokens=args.tokens)]
+        row = []
+        for k in ks:
+            count, drafted, missed = passes(prompt, generated, k, args.ngram)
+            totals[k][0] += len(generated)
+            totals[k][1] += count
+            row.append(f"k={k} {len(generated) / count:.2f}")
+            if k == 4:
+                shares = f"drafted {drafted / count:.0%}, first token wrong {missed / count:.0%}"
+        print(f"{name:8s} prompt {len(prompt):4d}, generated {len(generated):3d}: tokens a pass " + ", ".join(row)
+              + (f"; k=4 passes {shares}" if 4 in ks else ""))
+    print("all: tokens a pass " + ", ".join(f"k={k} {t / c:.2f}" for k, (t, c) in totals.items()))
+
+
+if __name__ == "__main__":
+    main()
