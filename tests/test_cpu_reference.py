@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from engine.backends.cpu import CpuBackend  # noqa: E402
+from engine.backends.cpu import CpuBackend, silu  # noqa: E402
 from engine.benchmark import cache_argument  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
@@ -77,3 +79,11 @@ def test_default_gguf_matches_transformers(default_gguf):
         expected = reference(torch.tensor([prompt])).logits[0, -1].numpy()
     assert relative_error(logits, expected) < 1e-3
     assert_greedy_agrees(reference, prompt, tokens)
+
+
+def test_silu_of_very_negative_gates_is_minus_zero_without_a_warning():
+    gates = -np.random.default_rng().uniform(89, 1e4, 16).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning would print on the user's terminal, inside the reply
+        out = silu(gates)
+    assert np.all(out == 0) and out.dtype == np.float32

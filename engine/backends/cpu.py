@@ -38,7 +38,9 @@ def linear(x: np.ndarray, weight: np.ndarray) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (np.float32(1.0) + np.exp(-x))
+    # below about -88.7 exp(-x) overflows to inf and x / inf is the right -0: no warning on the user's terminal
+    with np.errstate(over="ignore"):
+        return x / (np.float32(1.0) + np.exp(-x))
 
 
 class _Layer:
