@@ -22,6 +22,11 @@ with four separate shuffle sums.
 
     python bench/mma_probe.py
 
+`--positions` instead checks and times a granule against P = 1, 2, 3, 5 positions a pass (drafted tokens checked
+by one pass, PERF.md session 63): the FMAs convert a weight once and multiply-add it P times, then sum P rows
+across lanes; the tensor cores put the P positions' three terms in A's other rows (15 of 16 at P = 5), the same
+eight mma a granule, and sum a position's three rows with two shuffles. Checked against float64 at P = 5.
+
 `--profile KERNEL` instead launches one of its ring kernels twice at Qwen2.5 gate/up's share with no copies
 (the math alone), built with line info, for Nsight Compute to sample the second launch (CuPy names the
 source kern.cu: write SOURCE there first, so that ncu embeds it):
@@ -161,6 +166,132 @@ extern "C" __global__ void mma_check(const uint4* w, int ngran, float* rows) {
     mma_granule(wv, x, r0, r1);
     if (lane < 4) rows[8 * g + 2 * lane] = r0, rows[8 * g + 2 * lane + 1] = r1;
 }
+// P positions a pass (drafts checked by one pass: PERF.md session 63). Position p's input is the probe's x rotated
+// (x_p[k] = x[(k + 37 p) % 128], exact in fp32 all the same), its three bf16 terms in three rows of A: positions 0-1
+// in rows 0-5, 2-3 in rows 8-13, 4 in rows 6, 7 and 14, so that a position's rows sum with two shuffles.
+__device__ __forceinline__ float mma_xp(int p, int k) { return mma_x((k + 37 * p) & 127); }
+__device__ __forceinline__ int position_of_row(int r, int& term) {  // -1: a row of zeros
+    if (r < 6) return term = r % 3, r / 3;
+    if (r < 8) return term = r - 6, 4;
+    if (r < 14) return term = (r - 8) % 3, 2 + (r - 8) / 3;
+    return term = 2, r == 14 ? 4 : -1;
+}
+template <int P>
+struct MmaInputsP {
+    unsigned a[8][4];  // k-step s: a0 (row m), a1 (row m + 8), a2 (row m, columns + 8), a3 (row m + 8, columns + 8)
+    __device__ explicit MmaInputsP(int lane) {
+        const int m = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int s = 0; s < 8; ++s) {
+            float v[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int term;
+                const int p = position_of_row(m + 8 * h, term);
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const float x = p >= 0 && p < P ? mma_xp(p, 16 * s + 2 * t + (j & 1) + (j >> 1) * 8) : 0.f;
+                    const float hi = bf16_round(x), r = x - hi, mid = bf16_round(r);
+                    v[h][j] = term == 0 ? hi : term == 1 ? mid : r - mid;
+                }
+            }
+            a[s][0] = bf16_pair(v[0][0], v[0][1]), a[s][1] = bf16_pair(v[1][0], v[1][1]);
+            a[s][2] = bf16_pair(v[0][2], v[0][3]), a[s][3] = bf16_pair(v[1][2], v[1][3]);
+        }
+    }
+};
+__device__ __forceinline__ void mma_step4(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]) : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// A granule (mma_granule's layout) against P positions: lane L (m = L / 4) ends with weight rows 2 (L % 4) and
+// + 1 of position 0 (m = 0, top) and 1 (m = 3, top), 2 (m = 0, bottom) and 3 (m = 3, bottom), 4 (m = 6, top).
+template <int P>
+__device__ __forceinline__ void mma_granule_p(const uint4 (&wv)[4], const MmaInputsP<P>& x, float (&top)[2], float (&bottom)[2]) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f}, e[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        mma_step4(d, x.a[2 * i], wv[i].x, wv[i].y);
+        mma_step4(e, x.a[2 * i + 1], wv[i].z, wv[i].w);
+    }
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+        const float up = d[c] + e[c], down = d[2 + c] + e[2 + c];
+        const float next = __shfl_down_sync(0xffffffffu, up, 4), after = __shfl_down_sync(0xffffffffu, up, 8);
+        top[c] = up + next + (P > 4 && (threadIdx.x & 31) >> 2 == 6 ? down : after);
+        bottom[c] = P > 2 ? down + __shfl_down_sync(0xffffffffu, down, 4) + __shfl_down_sync(0xffffffffu, down, 8) : 0.f;
+    }
+}
+template <int P>
+struct MmaMathP {
+    using Inputs = MmaInputsP<P>;
+    static constexpr int V = 4;
+    __device__ static float run(const uint4 (&wv)[V], const Inputs& x) {
+        float top[2], bottom[2];
+        mma_granule_p<P>(wv, x, top, bottom);
+        return top[0] + top[1] + bottom[0] + bottom[1];
+    }
+};
+// The kernel's FMAs against P positions: a weight converted once, P FMAs, P sums across lanes.
+template <int P>
+struct GranuleInputsP {
+    float4 a[P][4], b[P][4];
+    __device__ explicit GranuleInputsP(int lane) {
+#pragma unroll
+        for (int p = 0; p < P; ++p)
+#pragma unroll
+            for (int i = 0; i < 4; ++i) a[p][i] = make_float4(lane, i, p, 2.f), b[p][i] = make_float4(i, lane, 3.f, p);
+    }
+};
+template <int P>
+struct FmaMathP {
+    using Inputs = GranuleInputsP<P>;
+    static constexpr int V = 4;
+    __device__ static float run(const uint4 (&wv)[V], const Inputs& x) {
+        float acc[P];
+#pragma unroll
+        for (int p = 0; p < P; ++p) acc[p] = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const uint4 w = wv[i];
+            const float w0 = __uint_as_float(w.x << 16), w1 = __uint_as_float(w.x & 0xffff0000u), w2 = __uint_as_float(w.y << 16),
+                        w3 = __uint_as_float(w.y & 0xffff0000u), w4 = __uint_as_float(w.z << 16),
+                        w5 = __uint_as_float(w.z & 0xffff0000u), w6 = __uint_as_float(w.w << 16), w7 = __uint_as_float(w.w & 0xffff0000u);
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                const float4 xa = x.a[p][i], xb = x.b[p][i];
+                const float s = fmaf(w3, xa.w, fmaf(w2, xa.z, fmaf(w1, xa.y, w0 * xa.x)));
+                const float t = fmaf(w7, xb.w, fmaf(w6, xb.z, fmaf(w5, xb.y, w4 * xb.x)));
+                acc[p] += s + t;
+            }
+        }
+        float out = 0.f;
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+#pragma unroll
+            for (int m = 16; m > 0; m >>= 1) acc[p] += __shfl_xor_sync(0xffffffffu, acc[p], m);
+            out += acc[p];
+        }
+        return out;
+    }
+};
+#define P_RINGS(P) MMA_RING(mma_ring_p##P, MmaMathP<P>) MMA_RING(fma_ring_p##P, FmaMathP<P>)
+P_RINGS(1) P_RINGS(2) P_RINGS(3) P_RINGS(5)
+// One warp a granule g: rows[(p ngran + g) 8 + r] = row r of granule g against position p, p < 5.
+extern "C" __global__ void mma_check_p5(const uint4* w, int ngran, float* rows) {
+    const int lane = threadIdx.x & 31, g = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, m = lane >> 2;
+    if (g >= ngran) return;
+    const MmaInputsP<5> x(lane);
+    uint4 wv[4];
+    for (int i = 0; i < 4; ++i) wv[i] = w[g * 128 + i * 32 + lane];
+    float top[2], bottom[2];
+    mma_granule_p<5>(wv, x, top, bottom);
+    const int pt = m == 0 ? 0 : m == 3 ? 1 : m == 6 ? 4 : -1, pb = m == 0 ? 2 : m == 3 ? 3 : -1;
+    for (int c = 0; c < 2; ++c) {
+        if (pt >= 0) rows[(pt * ngran + g) * 8 + 2 * (lane & 3) + c] = top[c];
+        if (pb >= 0) rows[(pb * ngran + g) * 8 + 2 * (lane & 3) + c] = bottom[c];
+    }
+}
 """
 
 
@@ -228,6 +359,36 @@ def time_phases(cp, mod) -> None:
                   + ", ".join(line))
 
 
+def check_positions(cp, mod) -> None:
+    """mma_granule_p's five positions against float64: each position's rows are its own x's dot products."""
+    rng = np.random.default_rng()
+    n = 2048
+    bits = to_bf16_bits(rng.standard_normal((n, 8, 128), dtype=np.float32) * np.float32(0.02))
+    w = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    xs = np.stack([np.roll(mma_x(), -37 * p) for p in range(5)]).astype(np.float64)  # x_p[k] = x[(k + 37 p) % 128]
+    rows = cp.full(5 * 8 * n, np.nan, dtype=cp.float32)  # poisoned: a row the kernel does not write fails the check
+    mod.get_function("mma_check_p5")((n // 8,), (256,), (cp.asarray(fragment_layout(bits)), np.int32(n), rows))
+    got = rows.get().reshape(5, n, 8).astype(np.float64)
+    errors = [np.max(np.abs(got[p] - w @ xs[p]) / (np.abs(w) @ np.abs(xs[p]))) for p in range(5)]
+    verdict = "within" if max(errors) < 1e-6 else "NOT within"  # NaN compares false: NOT within
+    print(f"mma check, five positions a pass: largest |error| / sum |w x| by position: "
+          + ", ".join(f"{e:.2e}" for e in errors) + f" ({verdict} 1e-6)")
+
+
+def time_positions(cp, mod) -> None:
+    """A product's share through the ring against P positions a pass: the FMAs' math grows with P, the mma's?"""
+    phase = RingPhases(cp, mod)
+    spills = ", ".join(f"{kind}_ring_p{p} {f.num_regs} registers {f.local_size_bytes} B local"
+                       for p in (1, 5) for kind in ("fma", "mma") for f in [mod.get_function(f"{kind}_ring_p{p}")])
+    print(f"builds: {spills}")
+    for name, share in SHARES:
+        granules = share // 2048
+        for math, how in ((1, "weights streamed"), (2, "no copies (math alone)")):
+            line = [f"P={p}: FMA {phase(f'fma_ring_p{p}', granules * 128, math):5.2f} mma {phase(f'mma_ring_p{p}', granules * 128, math):5.2f}"
+                    for p in (1, 2, 3, 5)]
+            print(f"{name:16s} {granules * 2:4d} KB of bf16 a block, {how:22s}: phase us, " + ", ".join(line))
+
+
 def main() -> None:
     import argparse
 
@@ -235,6 +396,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", metavar="KERNEL", help="launch this ring kernel twice, math alone (under ncu)")
+    parser.add_argument("--positions", action="store_true", help="only the P-positions-a-pass check and timing")
     args = parser.parse_args()
     if args.profile:
         mod = cp.RawModule(code=SOURCE, options=("-std=c++17", "-lineinfo"))
@@ -245,6 +407,10 @@ def main() -> None:
             print(f"{args.profile}, {SHARES[1][0]}'s share, math alone: phase {phase(args.profile, vectors, 2):.2f} us")
         return
     mod = cp.RawModule(code=SOURCE, options=("-std=c++17",))
+    if args.positions:
+        check_positions(cp, mod)
+        time_positions(cp, mod)
+        return
     check(cp, mod)
     time_phases(cp, mod)
 
