@@ -100,6 +100,7 @@ class Tools:
             if not real.is_dir():
                 raise ToolError(f"{folder}: not a folder")
             folder = self.workspace.relative(real)
+            folder = "" if folder == "." else folder  # the root itself, as `@list_files .` names it
         files = [f for f in self.workspace.files() if not folder or f.startswith(folder + "/")]
         if not files:
             return Result(True, "no files", f"{action.describe()}: no files")

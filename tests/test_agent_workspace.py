@@ -192,3 +192,11 @@ def test_a_search_past_its_time_stops_however_fast_each_line(repo, monkeypatch):
     tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
     result = tools.run(Action("search", arg="def"))
     assert not result.ok and "took over 0 s" in result.text
+
+
+def test_listing_the_root_by_name_lists_every_file(repo):
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    every = tools.run(Action("list_files")).text
+    for folder in (".", "./"):
+        assert tools.run(Action("list_files", arg=folder)).text == every
+    assert tools.run(Action("list_files", arg="tests")).text == "tests/test_stats.py"
