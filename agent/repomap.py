@@ -48,6 +48,8 @@ def symbols(path: str, text: str) -> list[str]:
             tree = ast.parse(text)
         except (SyntaxError, ValueError):
             return []  # a syntax error is often the bug itself; the file is still listed
+        except (RecursionError, MemoryError):
+            return []  # nesting too deep for the parser (a generated `elif` chain or `a + b + ...`): listed too
         out = []
         for node in tree.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
