@@ -176,9 +176,10 @@ def counts(output: str) -> tuple[int | None, int | None]:
     ran = re.search(r"^Ran (\d+) tests? in", output, re.MULTILINE)  # unittest
     if ran:
         verdict = re.search(r"^FAILED \(([^)]*)\)", output, re.MULTILINE)
-        found = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", verdict.group(1))} if verdict else {}
-        failed = found.get("failures", 0) + found.get("errors", 0)
-        return int(ran.group(1)) - failed - found.get("skipped", 0), failed
+        # "(failures=2, skipped=1, expected failures=1, unexpected successes=1)": the names have spaces
+        found = {k: int(v) for k, v in re.findall(r"(\w[\w ]*)=(\d+)", verdict.group(1))} if verdict else {}
+        failed = found.get("failures", 0) + found.get("errors", 0) + found.get("unexpected successes", 0)
+        return int(ran.group(1)) - failed - found.get("skipped", 0) - found.get("expected failures", 0), failed
     node = dict(re.findall(r"^\W*(?:ℹ\s*)?(pass|fail) (\d+)\s*$", output, re.MULTILINE))  # node --test: tap, spec
     if "pass" in node and "fail" in node:
         return int(node["pass"]), int(node["fail"])

@@ -73,6 +73,7 @@ def test_the_npm_placeholder_and_nothing_at_all_are_not_test_commands(tmp_path):
     ("E ImportError\n1 error in 0.36s\n", (0, 1)),
     ("Ran 5 tests in 0.002s\n\nFAILED (failures=2, errors=1)\n", (2, 3)),
     ("Ran 4 tests in 0.1s\n\nOK (skipped=1)\n", (4, 0)),
+    ("Ran 6 tests in 0.001s\n\nFAILED (failures=2, skipped=1, expected failures=1, unexpected successes=1)\n", (1, 3)),
     ("# tests 2\n# pass 1\n# fail 1\n", (1, 1)),
     ("ℹ tests 3\nℹ pass 3\nℹ fail 0\n", (3, 0)),
     ("Tests:       1 failed, 4 passed, 5 total\n", (4, 1)),
