@@ -21,15 +21,18 @@ WORD = re.compile(r"\w+|[^\w\s]")  # a line's words and marks, which rank the pl
 # comparison's own cost counted as COMPARE_COST of them, stay under REFINE_WORK (~0.7 s).
 REFINE_WORK = 20_000_000
 COMPARE_COST = 10_000
+BOM = "\ufeff"  # a byte order mark, which some editors put at the start of a UTF-8 file
 
 
 def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
     """All blocks or none: the first that fails raises, and the file is left as it was."""
     newline = "\r\n" if "\r\n" in text else "\n"
+    bom = BOM if text.startswith(BOM) else ""  # not part of the first line the model copies, but kept
+    text = text[len(bom):]
     for number, (search, replace) in enumerate(blocks, 1):
         label = f"{path}: SEARCH block {number}" if len(blocks) > 1 else f"{path}: the SEARCH block"
         text = replace_once(text, search.replace("\n", newline), replace.replace("\n", newline), label)
-    return text
+    return bom + text
 
 
 def replace_once(text: str, search: str, replace: str, label: str) -> str:

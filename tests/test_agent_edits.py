@@ -76,3 +76,10 @@ def test_empty_search_fills_an_empty_file_only():
     assert apply_blocks("", [("", "x = 1\n")], "n.py") == "x = 1\n"
     with pytest.raises(ToolError, match="is empty"):
         apply_blocks(SOURCE, [("\n", "x\n")], "m.py")
+
+
+def test_a_byte_order_mark_is_kept_and_not_part_of_the_first_line():
+    text = "\ufeffdef f():\n    return 1\n"
+    out = apply_blocks(text, [("def f():  \n    return 1\n", "def f():\n    return 2\n")], "bom.py")  # (matched loosely)
+    assert out == "\ufeffdef f():\n    return 2\n"
+    assert apply_blocks(text, [("def f():\n", "def g():\n")], "bom.py") == "\ufeffdef g():\n    return 1\n"
