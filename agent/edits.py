@@ -40,9 +40,12 @@ def replace_once(text: str, search: str, replace: str, label: str) -> str:
         if text.strip():
             raise ToolError(f"{label} is empty; copy the lines to change from the file")
         return replace
-    count = text.count(search)
+    # Whole lines only: a SEARCH line found inside a longer one ("x = 1" in "max = 1") is not what was copied,
+    # and one found after the line's indentation is matched loosely below, so the REPLACE is re-indented.
+    places = [m.start() for m in re.finditer("^" + re.escape(search), text, re.MULTILINE)]
+    count = len(places)
     if count == 1:
-        return text.replace(search, replace, 1)
+        return text[: places[0]] + replace + text[places[0] + len(search) :]
     if count > 1:
         raise ToolError(f"{label} matches {count} places; add surrounding lines so it matches one")
     return _replace_loosely(text, search, replace, label)

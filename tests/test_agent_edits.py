@@ -83,3 +83,14 @@ def test_a_byte_order_mark_is_kept_and_not_part_of_the_first_line():
     out = apply_blocks(text, [("def f():  \n    return 1\n", "def f():\n    return 2\n")], "bom.py")  # (matched loosely)
     assert out == "\ufeffdef f():\n    return 2\n"
     assert apply_blocks(text, [("def f():\n", "def g():\n")], "bom.py") == "\ufeffdef g():\n    return 1\n"
+
+
+def test_a_search_matches_whole_lines_only():
+    """Found inside a longer line it is not what the model copied; found after the indentation, it is matched
+    loosely, so that a REPLACE of several lines is indented like the line it replaces."""
+    with pytest.raises(ToolError, match="matches nothing"):
+        apply_blocks("max = 1\ny = 0\n", [("x = 1\n", "x = 2\n")], "m.py")
+    out = apply_blocks("def f():\n    x = 1\n    return x\n", [("x = 1\n", "x = 1\ny = 2\n")], "m.py")
+    assert out == "def f():\n    x = 1\n    y = 2\n    return x\n"
+    with pytest.raises(ToolError, match="matches 2 places"):  # (each at a line's start)
+        apply_blocks("x = 1\nx = 1\n", [("x = 1\n", "x = 2\n")], "m.py")
