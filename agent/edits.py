@@ -21,6 +21,7 @@ WORD = re.compile(r"\w+|[^\w\s]")  # a line's words and marks, which rank the pl
 # comparison's own cost counted as COMPARE_COST of them, stay under REFINE_WORK (~0.7 s).
 REFINE_WORK = 20_000_000
 COMPARE_COST = 10_000
+TAB = 4  # columns a tab stands for, where the file and the model indent with different characters
 BOM = "\ufeff"  # a byte order mark, which some editors put at the start of a UTF-8 file
 
 
@@ -70,8 +71,11 @@ def _replace_loosely(text: str, search: str, replace: str, label: str) -> str:
     if not hits:
         raise ToolError(f"{label} matches nothing. {closest(lines, search)}")
     first, last = hits[0]
-    shift = _indent(lines[first]) - _indent(next(line for line in search.splitlines() if line.strip()))
-    new = _reindent(replace, shift)
+    shift = _columns(lines[first]) - _columns(next(line for line in search.splitlines() if line.strip()))
+    # the file's own indentation character: a tab-indented file stays so when the model indents with spaces
+    char = next((line[0] for line in chain(lines[first : last + 1], lines, replace.splitlines())
+                 if line[:1] in (" ", "\t") and line.strip()), " ")
+    new = _reindent(replace, shift, char)
     if new and not new.endswith(("\n", "\r\n")) and lines[last].endswith("\n"):
         new += "\r\n" if lines[last].endswith("\r\n") else "\n"
     return "".join(lines[:first]) + new + "".join(lines[last + 1 :])
@@ -81,15 +85,20 @@ def _indent(line: str) -> int:
     return len(line) - len(line.lstrip(" \t"))
 
 
-def _reindent(text: str, shift: int) -> str:
+def _columns(line: str) -> int:
+    return len(line[: _indent(line)].expandtabs(TAB))
+
+
+def _reindent(text: str, shift: int, char: str) -> str:
+    """`text` with each line's indentation moved by `shift` columns and written with `char`."""
     out = []
     for line in text.splitlines(keepends=True):
         if not line.strip():
             out.append(line)
-        elif shift >= 0:
-            out.append(line[: _indent(line)] + " " * shift + line[_indent(line) :] if shift else line)
-        else:
-            out.append(line[min(-shift, _indent(line)) :])
+            continue
+        columns = max(0, _columns(line) + shift)
+        indent = "\t" * (columns // TAB) + " " * (columns % TAB) if char == "\t" else " " * columns
+        out.append(indent + line[_indent(line) :])
     return "".join(out)
 
 

@@ -94,3 +94,15 @@ def test_a_search_matches_whole_lines_only():
     assert out == "def f():\n    x = 1\n    y = 2\n    return x\n"
     with pytest.raises(ToolError, match="matches 2 places"):  # (each at a line's start)
         apply_blocks("x = 1\nx = 1\n", [("x = 1\n", "x = 2\n")], "m.py")
+
+
+def test_a_tab_indented_file_stays_tab_indented_when_the_model_uses_spaces():
+    text = "def f(x):\n\tif x:\n\t\treturn 1\n\treturn 0\n"
+    search = "    if x:\n        return 1\n"
+    replace = "    if x:\n        if x > 1:\n            return 2\n        return 1\n"
+    out = apply_blocks(text, [(search, replace)], "tabs.py")
+    assert out == "def f(x):\n\tif x:\n\t\tif x > 1:\n\t\t\treturn 2\n\t\treturn 1\n\treturn 0\n"
+    # one level too shallow, in tabs: the level added is a tab too
+    assert apply_blocks(text, [("return 1\n", "return 2\n")], "tabs.py") == text.replace("return 1", "return 2")
+    assert apply_blocks(text, [("\treturn 1\n", "\treturn 2\n\tpass\n")], "tabs.py") == (
+        "def f(x):\n\tif x:\n\t\treturn 2\n\t\tpass\n\treturn 0\n")
