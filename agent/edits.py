@@ -78,6 +78,8 @@ def _replace_loosely(text: str, search: str, replace: str, label: str) -> str:
     new = _reindent(replace, shift, char)
     if new and not new.endswith(("\n", "\r\n")) and lines[last].endswith("\n"):
         new += "\r\n" if lines[last].endswith("\r\n") else "\n"
+    elif not lines[last].endswith("\n") and last + 1 == len(lines):  # a file without a newline at its end keeps so
+        new = new.removesuffix("\n").removesuffix("\r")
     return "".join(lines[:first]) + new + "".join(lines[last + 1 :])
 
 

@@ -106,3 +106,9 @@ def test_a_tab_indented_file_stays_tab_indented_when_the_model_uses_spaces():
     assert apply_blocks(text, [("return 1\n", "return 2\n")], "tabs.py") == text.replace("return 1", "return 2")
     assert apply_blocks(text, [("\treturn 1\n", "\treturn 2\n\tpass\n")], "tabs.py") == (
         "def f(x):\n\tif x:\n\t\treturn 2\n\t\tpass\n\treturn 0\n")
+
+
+def test_a_file_without_a_newline_at_its_end_keeps_so():
+    assert apply_blocks("a = 1\nb = 2", [("b = 2\n", "b = 3\n")], "m.py") == "a = 1\nb = 3"
+    assert apply_blocks("a = 1\r\nb = 2", [("a = 1\nb = 2\n", "b = 3\nc = 4\n")], "m.py") == "b = 3\r\nc = 4"
+    assert apply_blocks("a = 1\nb = 2", [("a = 1\n", "a = 0\n")], "m.py") == "a = 0\nb = 2"
