@@ -36,6 +36,13 @@ def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
     return bom + text
 
 
+def in_style_of(old: str, new: str) -> str:
+    """A whole new file (`@edit PATH` with a fenced block) with the old one's line endings and byte order mark."""
+    if "\r\n" in old:
+        new = new.replace("\n", "\r\n")
+    return (BOM if old.startswith(BOM) and not new.startswith(BOM) else "") + new
+
+
 def replace_once(text: str, search: str, replace: str, label: str) -> str:
     if not search.strip():
         if text.strip():

@@ -18,7 +18,7 @@ import regex  # the search tool's patterns come from the model: `regex` bounds a
 
 from agent import budget, process
 from agent.actions import Action
-from agent.edits import apply_blocks
+from agent.edits import apply_blocks, in_style_of
 from agent.errors import ToolError
 from agent.workspace import Workspace
 
@@ -157,7 +157,7 @@ class Tools:
 
     def _edit(self, action: Action, _) -> Result:
         old = self.workspace.read_text(action.path)
-        new = action.body if action.body is not None else apply_blocks(old, list(action.blocks), action.path)
+        new = in_style_of(old, action.body) if action.body is not None else apply_blocks(old, list(action.blocks), action.path)
         if new == old:
             raise ToolError(f"{action.path}: the edit changes nothing")
         self.workspace.write_text(action.path, new)

@@ -200,3 +200,14 @@ def test_listing_the_root_by_name_lists_every_file(repo):
     for folder in (".", "./"):
         assert tools.run(Action("list_files", arg=folder)).text == every
     assert tools.run(Action("list_files", arg="tests")).text == "tests/test_stats.py"
+
+
+def test_a_whole_file_rewrite_keeps_the_line_endings_and_byte_order_mark(repo):
+    (repo / "crlf.py").write_bytes(b"a = 1\r\nb = 2\r\n")
+    (repo / "bom.py").write_bytes(b"\xef\xbb\xbfx = 1\n")
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    assert tools.run(Action("edit", path="crlf.py", body="a = 1\nb = 3\n")).ok
+    assert tools.run(Action("edit", path="bom.py", body="x = 2\n")).ok
+    assert (repo / "crlf.py").read_bytes() == b"a = 1\r\nb = 3\r\n"
+    assert (repo / "bom.py").read_bytes() == b"\xef\xbb\xbfx = 2\n"
+    assert not tools.run(Action("edit", path="crlf.py", body="a = 1\nb = 3\n")).ok  # (the same again changes nothing)
