@@ -120,13 +120,14 @@ class GitStore:
         # quote (read as a C-quoted name there), cannot go through --stdin-paths.
         plain = [p for p in regular if "\n" not in p and not p.startswith('"')]
         if plain:
-            _git(self.root, "hash-object", "-w", "--no-filters", "--stdin-paths", stdin="\n".join(plain).encode())
+            _git(self.root, "hash-object", "-w", "--no-filters", "--stdin-paths", stdin=os.fsencode("\n".join(plain)))
         for p in set(regular) - set(plain):
             _git(self.root, "hash-object", "-w", "--no-filters", "--", p)
         for p, (mode, _) in files.items():
             if mode == LINK:
                 _git(self.root, "hash-object", "-w", "--stdin", stdin=os.readlink(self.root / p).encode())
-        entries = b"".join(f"{_git_mode(mode)} {digest}\t{p}\0".encode() for p, (mode, digest) in files.items())
+        # (os.fsencode: a name that is not UTF-8, as git listed it, goes back as the same bytes)
+        entries = b"".join(os.fsencode(f"{_git_mode(mode)} {digest}\t{p}\0") for p, (mode, digest) in files.items())
         with tempfile.TemporaryDirectory(prefix="kog-index-") as scratch:
             index = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
             _git(self.root, "update-index", "-z", "--index-info", stdin=entries, env=index)

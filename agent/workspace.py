@@ -108,7 +108,8 @@ class Workspace:
             listed = _git_listing(self.root) if shutil.which("git") else None
             if listed is None:
                 listed = _walk(self.root)
-            self._files = sorted(p for p in listed if not set(PurePosixPath(p).parts) & set(HIDDEN))
+            # (a name that is not UTF-8 is left out: the model could not name it, and its text cannot hold it)
+            self._files = sorted(p for p in listed if not set(PurePosixPath(p).parts) & set(HIDDEN) and _utf8(p))
         return self._files
 
     # --- writing ---------------------------------------------------------------------------
@@ -159,6 +160,14 @@ def _git_listing(root: Path) -> list[str] | None:
         if subprocess.run(["git", "init", "-q", "--bare", scratch], capture_output=True, check=False).returncode != 0:
             return None
         return ls(f"--git-dir={scratch}", f"--work-tree={root}")
+
+
+def _utf8(name: str) -> bool:
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # undecodable bytes, kept as surrogates (os.fsdecode)
+        return False
+    return True
 
 
 def _walk(root: Path) -> list[str]:

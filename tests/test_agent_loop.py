@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import sys
 
@@ -393,3 +394,17 @@ def test_a_log_cut_inside_a_character_still_replays(tmp_path):
     data = ("\n".join(whole) + "\n").encode()
     log.write_bytes(data[: data.rindex("→".encode()) + 1])  # killed while writing the arrow's second byte
     assert [r["type"] for r in trajectory.read(log)] == ["start"]
+
+
+@pytest.mark.parametrize("use_git", [True, False])
+def test_a_file_whose_name_is_not_utf8_is_saved_but_not_shown(tmp_path, use_git):
+    """The checkpoint saves it as the bytes it is named by; the model, whose text cannot hold such a name, is not
+    shown it."""
+    root = make_repo(tmp_path, "py_mean", use_git=use_git)
+    odd = root / os.fsdecode(b"caf\xe9.py")
+    odd.write_text("y = 2\n")
+    before = snapshot(root)
+    summary, model, _, _ = run(root, [FIX_MEAN], tmp_path)
+    assert summary["fixed"] and "caf" not in model.prompts[0][1][0]["content"]
+    undo(root)
+    assert snapshot(root) == before
