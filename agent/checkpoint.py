@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path, PurePosixPath
 
+from agent.edits import lines_of
 from agent.errors import ToolError
 from agent.workspace import SKIP_DIRS
 from engine.files import write_atomic
@@ -335,8 +336,8 @@ def _diff(root: Path, store, record: dict) -> str:
         if b"\0" in (old or b"") + (new or b""):
             parts.append(f"Binary files {a} and {b} differ\n")
             continue
-        old_lines = (old or b"").decode("utf-8", errors="replace").splitlines(keepends=True)
-        new_lines = (new or b"").decode("utf-8", errors="replace").splitlines(keepends=True)
+        old_lines = lines_of((old or b"").decode("utf-8", errors="replace"))
+        new_lines = lines_of((new or b"").decode("utf-8", errors="replace"))
         for line in difflib.unified_diff(old_lines, new_lines, a, b):
             parts.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
     return "".join(parts)

@@ -25,6 +25,12 @@ TAB = 4  # columns a tab stands for, where the file and the model indent with di
 BOM = "\ufeff"  # a byte order mark, which some editors put at the start of a UTF-8 file
 
 
+def lines_of(text: str) -> list[str]:
+    """`text`'s lines, each with its end, numbered as editors and tracebacks number them: split at newlines only,
+    not also at the form feeds, vertical tabs and Unicode separators that str.splitlines splits at."""
+    return re.findall(r"[^\n]*\n|[^\n]+\Z", text)
+
+
 def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
     """All blocks or none: the first that fails raises, and the file is left as it was."""
     newline = "\r\n" if "\r\n" in text else "\n"
@@ -64,7 +70,7 @@ def _key(line: str) -> str:
 
 
 def _replace_loosely(text: str, search: str, replace: str, label: str) -> str:
-    lines = text.splitlines(keepends=True)
+    lines = lines_of(text)
     wanted = [_key(line) for line in search.splitlines() if line.strip()]
     # Candidate windows: runs of non-blank lines that equal the SEARCH lines once stripped.
     body = [(i, _key(line)) for i, line in enumerate(lines) if line.strip()]

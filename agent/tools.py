@@ -18,7 +18,7 @@ import regex  # the search tool's patterns come from the model: `regex` bounds a
 
 from agent import budget, process
 from agent.actions import Action
-from agent.edits import apply_blocks, in_style_of
+from agent.edits import apply_blocks, in_style_of, lines_of
 from agent.errors import ToolError
 from agent.workspace import Workspace
 
@@ -109,7 +109,7 @@ class Tools:
 
     def _read_file(self, action: Action, _) -> Result:
         text = self.workspace.read_text(action.path)
-        lines = text.splitlines(keepends=True)
+        lines = lines_of(text)
         first, last = 1, len(lines)
         if action.arg:
             first, last = (int(n) for n in action.arg.split("-"))
@@ -136,7 +136,7 @@ class Tools:
                 text = self.workspace.read_text(path)
             except ToolError:
                 continue  # binary, too large, or a link out of the repository
-            for number, line in enumerate(text.splitlines(), 1):
+            for number, line in enumerate((line.rstrip("\r\n") for line in lines_of(text)), 1):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise too_slow

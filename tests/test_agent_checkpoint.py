@@ -146,6 +146,17 @@ def test_the_diff_shows_changes_additions_and_deletions(tmp_path):
     assert "--- a/.gitignore\n+++ /dev/null\n" in diff
 
 
+def test_the_diff_splits_lines_at_newlines_only(tmp_path):
+    """A form feed (a page break in C and Python sources) is not a line end: not a missing newline either."""
+    root = make_repo(tmp_path, "py_slug")
+    (root / "slug.py").write_text("a = 1\n\f\nb = 2\n")
+    git(root, "commit", "-qam", "pages")
+    checkpoint = Checkpoint(root, "r")
+    checkpoint.take()
+    (root / "slug.py").write_text("a = 1\n\f\nb = 3\n")
+    assert checkpoint.diff().endswith("@@ -1,3 +1,3 @@\n a = 1\n \f\n-b = 2\n+b = 3\n")
+
+
 def test_odd_names_and_a_users_kog_branch_do_not_stop_the_checkpoint(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     git(root, "branch", "kog")  # refs/heads/kog/<run> could not exist beside it

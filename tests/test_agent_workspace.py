@@ -211,3 +211,13 @@ def test_a_whole_file_rewrite_keeps_the_line_endings_and_byte_order_mark(repo):
     assert (repo / "crlf.py").read_bytes() == b"a = 1\r\nb = 3\r\n"
     assert (repo / "bom.py").read_bytes() == b"\xef\xbb\xbfx = 2\n"
     assert not tools.run(Action("edit", path="crlf.py", body="a = 1\nb = 3\n")).ok  # (the same again changes nothing)
+
+
+def test_line_numbers_count_newlines_only(repo):
+    """As a traceback numbers them: a form feed (a page break in C and Python sources) does not start a line."""
+    (repo / "pages.py").write_text("a = 1\n\f\ndef f():\n    raise ValueError\n")
+    tools = Tools(workspace(repo), lambda text: len(text.split()), 1000)
+    assert tools.run(Action("read_file", path="pages.py", arg="4-4")).text == "pages.py (lines 4-4 of 4):\n    raise ValueError\n"
+    assert tools.run(Action("search", arg="raise ValueError$")).text == "pages.py:4: raise ValueError"
+    missed = tools.run(Action("edit", path="pages.py", blocks=(("    raise KeyError\n", "    pass\n"),)))
+    assert "closest lines (4-4)" in missed.text
