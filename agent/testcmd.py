@@ -107,7 +107,8 @@ def _go(root: Path) -> TestCommand | None:
 
 def _make(root: Path) -> TestCommand | None:
     for name in ("GNUmakefile", "makefile", "Makefile"):
-        if re.search(r"^test\s*:", _read(root / name), re.MULTILINE):
+        # a rule with `test` among its targets ("check test: all"), not a variable ("test := x")
+        if re.search(r"^(?:[^\s:=#]+[ \t]+)*test(?:[ \t]+[^\s:=#]+)*[ \t]*::?(?![:=])", _read(root / name), re.MULTILINE):
             return TestCommand("make test", f"the test target in {name}", (name,))
     return None
 

@@ -37,6 +37,8 @@ def test_fixture_repositories_are_detected(tmp_path):
     ({"go.mod": "module x\n"}, "go test ./..."),
     ({"Cargo.toml": "[package]\n"}, "cargo test"),
     ({"Makefile": "build:\n\ttrue\ntest: build\n\t./check\n"}, "make test"),
+    ({"Makefile": "check test: build\n\t./check\n"}, "make test"),
+    ({"Makefile": "test:: build\n\t./check\n"}, "make test"),
     ({"tests/test_a.py": "import unittest\n"}, f"{PY} -m unittest discover -s tests"),
     ({"tests/__init__.py": "", "tests/test_a.py": "import unittest\n"}, f"{PY} -m unittest"),
     ({"test_a.py": "def test_x():\n    pass\n"}, f"{PY} -m pytest -q -p no:cacheprovider"),
@@ -56,6 +58,12 @@ def test_a_repository_venv_runs_its_tests(tmp_path):
     venv_python.chmod(0o755)
     (tmp_path / "test_a.py").write_text("import pytest\n")
     assert detect(tmp_path).command.startswith(f"{venv_python} -m pytest")
+
+
+def test_a_make_variable_named_test_is_not_a_test_target(tmp_path):
+    (tmp_path / "Makefile").write_text("test := unit\ntest ::= x\nall:\n\techo $(test)\n")
+    with pytest.raises(KogError, match="pass --test-cmd"):
+        detect(tmp_path)
 
 
 def test_the_npm_placeholder_and_nothing_at_all_are_not_test_commands(tmp_path):
