@@ -45,7 +45,7 @@ def apply_blocks(text: str, blocks: list[tuple[str, str]], path: str) -> str:
 def in_style_of(old: str, new: str) -> str:
     """A whole new file (`@edit PATH` with a fenced block) with the old one's line endings and byte order mark."""
     if "\r\n" in old:
-        new = new.replace("\n", "\r\n")
+        new = new.replace("\r\n", "\n").replace("\n", "\r\n")  # (a body already in CRLF stays so, not \r\r\n)
     return (BOM if old.startswith(BOM) and not new.startswith(BOM) else "") + new
 
 

@@ -211,6 +211,8 @@ def test_a_whole_file_rewrite_keeps_the_line_endings_and_byte_order_mark(repo):
     assert (repo / "crlf.py").read_bytes() == b"a = 1\r\nb = 3\r\n"
     assert (repo / "bom.py").read_bytes() == b"\xef\xbb\xbfx = 2\n"
     assert not tools.run(Action("edit", path="crlf.py", body="a = 1\nb = 3\n")).ok  # (the same again changes nothing)
+    assert tools.run(Action("edit", path="crlf.py", body="a = 1\r\nb = 4\r\n")).ok  # a body in CRLF already
+    assert (repo / "crlf.py").read_bytes() == b"a = 1\r\nb = 4\r\n"
 
 
 def test_line_numbers_count_newlines_only(repo):
