@@ -151,6 +151,25 @@ def test_a_history_another_program_locks_is_an_error_not_a_crash(tmp_path):
     store.close()
 
 
+def test_a_save_that_cannot_commit_leaves_the_history_writable(tmp_path):
+    db = tmp_path / "chats.db"
+    store = ChatStore(db)
+    chat = store.create("m", None)
+    store._db.execute("PRAGMA busy_timeout = 100")
+    reader = sqlite3.connect(db, isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT * FROM messages").fetchall()  # its shared lock lets the write start but not commit
+    try:
+        with pytest.raises(KogError, match="could not save to the chat history .*locked"):
+            store.add_message(chat, "user", "lost")
+    finally:
+        reader.execute("ROLLBACK")
+        reader.close()
+    store.add_message(chat, "user", "saved")  # the failed write left no transaction behind to block this one
+    store.close()
+    assert [m.content for m in ChatStore(db).messages(chat)] == ["saved"]
+
+
 def test_slash_commands():
     assert commands.parse("hello /new") is None
     assert commands.parse("//etc/hosts is a file") is None

@@ -213,7 +213,8 @@ def _transaction(db: sqlite3.Connection) -> Iterator[None]:
     db.execute("BEGIN IMMEDIATE")
     try:
         yield
+        db.execute("COMMIT")  # a COMMIT that fails (a reader's lock, a full disk) leaves the transaction open
     except BaseException:
-        db.execute("ROLLBACK")
+        if db.in_transaction:  # (SQLite may have rolled it back itself)
+            db.execute("ROLLBACK")
         raise
-    db.execute("COMMIT")
