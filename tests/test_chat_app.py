@@ -8,6 +8,7 @@ import threading
 import time
 
 from chat_helpers import (
+    SYNTHETIC_MODEL,
     SyntheticTokenSource,
     chat_app,
     errors,
@@ -498,3 +499,43 @@ def test_a_terminal_a_few_columns_wide_does_not_crash_the_app(default_gguf, tmp_
     for width in (1, 3, 8):
         for key in ("ctrl+t", "ctrl+o"):
             assert run(scenario(width, key))
+
+
+def screen_text(app) -> str:
+    """Every character the screen would send to the terminal, styles left out."""
+    return "".join(segment.text for strip in app.screen._compositor.render_update(full=True).strips for segment in strip)
+
+
+def test_control_characters_in_a_chat_never_reach_the_terminal(default_gguf, tmp_path, monkeypatch):
+    model = loaded(default_gguf)
+    # ESC ] 2 retitles the terminal window, ESC [ 2J wipes the screen, SO swaps the character set
+    reply = "Done \x1b[2J.\n\n```\nx = 1\x1b]2;title\x1b\\\n```\n"
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, reply_ids(m, reply), 1000.0))
+    store = ChatStore(tmp_path / "chats.db")
+    saved = store.create(SYNTHETIC_MODEL, None)
+    store.add_message(saved, "user", "Say \x1b]2;pwned\x1b\\ \x0eit")
+    store.add_message(saved, "assistant", "Said \x9b31m it.")
+    store.close()
+    monkeypatch.setenv("PATH", str(tmp_path))  # no clipboard tool: Ctrl+B shows the code
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener, resume=saved)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await send(pilot, app, "Again.")
+            await wait_reply(pilot, app)
+            assert "\x1b[2J" in app.messages[-1]["content"]  # the text itself is kept, only its display differs
+            shown = [screen_text(app)]
+            await pilot.press("ctrl+b")
+            await wait_for(pilot, lambda: isinstance(app.screen, CodeView), 10, "the code view")
+            shown.append(screen_text(app))
+            await pilot.press("escape", "ctrl+o")
+            await wait_for(pilot, lambda: isinstance(app.screen, ChatList), 10, "the chat list")
+            shown.append(screen_text(app))
+            return shown
+
+    for screen in run(scenario()):
+        assert not set(screen) & {"\x1b", "\x0e", "\x9b"}
+    assert [m.content for m in ChatStore(tmp_path / "chats.db").messages(saved)][0] == "Say \x1b]2;pwned\x1b\\ \x0eit"

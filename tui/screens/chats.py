@@ -12,13 +12,14 @@ from textual.widgets.option_list import Option
 
 from tui.screens.dialog import Dialog
 from tui.store import Conversation
+from tui.widgets.conversation import printable
 
 
 def chat_row(chat: Conversation) -> Text:
     row = Text(f"#{chat.id:<5}", style="dim")
     row.append(time.strftime("%Y-%m-%d %H:%M  ", time.localtime(chat.updated)))
-    row.append(chat.title or "(untitled)", style="bold")
-    row.append(f"  {chat.message_count} messages · {chat.model}", style="dim")
+    row.append(printable(chat.title) or "(untitled)", style="bold")
+    row.append(f"  {chat.message_count} messages · {printable(chat.model)}", style="dim")
     return row
 
 

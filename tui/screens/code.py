@@ -7,6 +7,7 @@ from textual.containers import Vertical
 from textual.widgets import Label, TextArea
 
 from tui.screens.dialog import Dialog
+from tui.widgets.conversation import printable
 
 
 class CodeView(Dialog[None]):
@@ -22,6 +23,6 @@ class CodeView(Dialog[None]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="box"):
             yield Label(self.why, classes="title", markup=False)
-            yield TextArea(self.code, read_only=True, show_line_numbers=True)
+            yield TextArea(printable(self.code), read_only=True, show_line_numbers=True)
             yield Label("Select with the mouse or Shift+arrows; Ctrl+C copies the selection    Esc: close",
                         classes="hint")

@@ -25,6 +25,17 @@ CODE_THEME = "monokai"
 _BLOCKS = MarkdownIt("commonmark").enable("strikethrough").enable("table")
 
 
+# Control characters a terminal would act on, not show: ESC starts sequences that retitle the window
+# or wipe the screen, SO swaps the character set. Shown as their Unicode pictures instead.
+_CONTROLS = {c: 0x2400 + c for c in range(0x20) if chr(c) not in "\t\n\r"} | {0x7F: 0x2421}
+_CONTROLS |= {c: 0xFFFD for c in range(0x80, 0xA0)}  # C1 controls (0x9B is a CSI of its own)
+
+
+def printable(text: str) -> str:
+    """`text` safe to put on the screen as it is (tabs and line breaks kept)."""
+    return text.translate(_CONTROLS)
+
+
 def title(role: str, note: str = "") -> str:
     """A message's heading: who speaks, and why a reply ended early ("stopped") where it did."""
     name = ROLE_TITLES.get(role, role)
@@ -32,7 +43,7 @@ def title(role: str, note: str = "") -> str:
 
 
 def markdown(text: str) -> Markdown:
-    return Markdown(text, code_theme=CODE_THEME)
+    return Markdown(printable(text), code_theme=CODE_THEME)
 
 
 def settled_length(text: str) -> int:
@@ -62,7 +73,7 @@ class MessageView(Vertical):
     def compose(self) -> ComposeResult:
         yield Label(title(self.role, self.note))
         if self.role == "user":  # as typed: pasted code keeps its lines and indentation, <tags> stay
-            yield Static(self.text, markup=False)
+            yield Static(printable(self.text), markup=False)
         else:
             yield Static(markdown(self.text), classes="tail")
 
@@ -105,7 +116,7 @@ class ErrorLine(Static):
     """
 
     def __init__(self, text: str):
-        super().__init__(f"error: {text}", markup=False)
+        super().__init__(f"error: {printable(text)}", markup=False)
         self.message = text
 
 
