@@ -190,6 +190,13 @@ def test_slash_commands():
     assert all(f"/{name}" in help_text for name in commands.COMMANDS)
 
 
+def test_a_command_name_ends_at_any_white_space():
+    assert commands.parse("/system\nBe brief.\nAlways.") == commands.Command("system", "Be brief.\nAlways.")
+    assert commands.parse("/temp\t0.5") == commands.Command("temp", "0.5")
+    with pytest.raises(KogError, match="^unknown command /; "):
+        commands.parse("/")
+
+
 def test_last_code_block():
     reply = "First:\n\n```python\nprint(1)\n```\n\nThen:\n\n```\nprint(2)\nprint(3)\n```\n"
     assert last_code_block(reply) == "print(2)\nprint(3)\n"

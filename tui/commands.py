@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
 from engine.errors import KogError
@@ -31,8 +32,9 @@ def parse(text: str) -> Command | None:
     """The command in `text`, or None when it is a message ("//..." sends a message starting with "/")."""
     if not text.startswith("/") or text.startswith("//"):
         return None
-    name, _, arg = text[1:].partition(" ")
-    name, arg = name.strip().lower(), arg.strip()
+    # the name ends at any white space: "/system", Shift+Enter, then a system message of several lines
+    name, arg = re.fullmatch(r"/(\S*)\s*(.*)", text, re.DOTALL).groups()
+    name, arg = name.lower(), arg.strip()
     if name not in COMMANDS:
         raise KogError(f"unknown command /{name}; /help lists the commands")
     usage, required, _ = COMMANDS[name]
