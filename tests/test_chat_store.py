@@ -47,6 +47,10 @@ def test_chats_are_listed_newest_first_without_empty_ones(tmp_path):
     assert store.latest().id == first
     store.clear(first)
     assert [c.id for c in store.conversations()] == [second]
+    assert store.get(first).title == ""  # the cleared first message named it: the name goes too
+    store.add_message(first, "user", "three")
+    assert store.get(first).title == "three"
+    store.clear(first)
     assert store.get(empty).message_count == 0
     with pytest.raises(KogError, match="no chat with id 999"):
         store.get(999)

@@ -168,6 +168,8 @@ class ChatStore:
     def clear(self, conversation_id: int) -> None:
         with self._writing() as db:
             db.execute("DELETE FROM messages WHERE conversation_id = ?", (conversation_id,))
+            # the title is the first message's words: forgotten with it, and taken from the next one
+            db.execute("UPDATE conversations SET title = '' WHERE id = ?", (conversation_id,))
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
