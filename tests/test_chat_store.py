@@ -3,6 +3,7 @@ code-block extraction and the status line."""
 
 from __future__ import annotations
 
+import functools
 import os
 import sqlite3
 
@@ -172,6 +173,27 @@ def test_a_save_that_cannot_commit_leaves_the_history_writable(tmp_path):
     store.add_message(chat, "user", "saved")  # the failed write left no transaction behind to block this one
     store.close()
     assert [m.content for m in ChatStore(db).messages(chat)] == ["saved"]
+
+
+def test_two_kogs_opening_a_new_history_at_once_both_open_it(tmp_path, monkeypatch):
+    db = tmp_path / "chats.db"
+    others = []
+
+    class Racing(sqlite3.Connection):
+        def execute(self, sql, *args):
+            if sql == "BEGIN IMMEDIATE" and not others:  # the other kog migrates between this one's look and its lock
+                others.append(None)
+                others[0] = ChatStore(db)
+            return super().execute(sql, *args)
+
+    monkeypatch.setattr(sqlite3, "connect", functools.partial(sqlite3.connect, factory=Racing))
+    store = ChatStore(db)
+    assert others[0].conversations() == store.conversations() == []
+    chat = store.create("m", None)
+    store.add_message(chat, "user", "hi")
+    assert others[0].messages(chat)[0].content == "hi"
+    store.close()
+    others[0].close()
 
 
 def test_slash_commands():

@@ -108,8 +108,12 @@ class ChatStore:
                 f"the chat history {self.path} has schema version {version}, newer than this kog "
                 f"understands ({SCHEMA_VERSION}): upgrade kog"
             )
-        for target in range(version + 1, SCHEMA_VERSION + 1):
-            with _transaction(db):
+        if version == SCHEMA_VERSION:
+            return
+        with _transaction(db):
+            # read again under the write lock: another kog opening the same new file may have migrated it meanwhile
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+            for target in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in MIGRATIONS[target - 1]:
                     db.execute(statement)
                 db.execute(f"PRAGMA user_version = {target}")
