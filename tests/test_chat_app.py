@@ -539,3 +539,22 @@ def test_control_characters_in_a_chat_never_reach_the_terminal(default_gguf, tmp
     for screen in run(scenario()):
         assert not set(screen) & {"\x1b", "\x0e", "\x9b"}
     assert [m.content for m in ChatStore(tmp_path / "chats.db").messages(saved)][0] == "Say \x1b]2;pwned\x1b\\ \x0eit"
+
+
+def test_control_characters_in_a_notification_never_reach_the_terminal(default_gguf, tmp_path):
+    model = loaded(default_gguf)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, [], 1.0))
+    store = ChatStore(tmp_path / "chats.db")
+    saved = store.create(SYNTHETIC_MODEL, None)
+    store.add_message(saved, "user", "Hi.")
+    store.close()
+    system = "Be \x1b]2;pwned\x1b\\ brief."  # as `kog chat --resume --system "$(cat file)"` may pass it
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener, resume=saved, system=system)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            assert app.system == system
+            return [n.message for n in app._notifications]  # (toasts are not drawn under Pilot)
+
+    assert run(scenario()) == ["system message: Be \u241b]2;pwned\u241b\\ brief."]

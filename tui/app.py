@@ -32,7 +32,7 @@ from tui.screens.confirm import Confirm
 from tui.screens.models import ModelPicker, size_text
 from tui.screens.pull import PullModel
 from tui.store import ChatStore, Conversation
-from tui.widgets.conversation import ConversationView, ReplyView
+from tui.widgets.conversation import ConversationView, ReplyView, printable
 from tui.widgets.prompt import PromptInput
 from tui.widgets.status import StatusBar, StatusInfo
 
@@ -419,7 +419,7 @@ class ChatApp(App):
         self._context_used = self._conversation_tokens()
         if self.chat_id is not None:
             await self._save(lambda: self.store.update(self.chat_id, system=arg))
-        self.notify(f"system message: {arg}" if arg else "system message cleared", markup=False)
+        self.notify(f"system message: {printable(arg)}" if arg else "system message cleared", markup=False)
 
     async def _command_temp(self, arg: str) -> None:
         self.params = replace(self.params, temperature=commands.temperature(arg))
@@ -445,7 +445,7 @@ class ChatApp(App):
         title = self.store.get(self.chat_id).title if self.chat_id is not None else ""
         model = self.session.model.name if self.session else ""
         path = write_new(Path(arg), to_markdown(title, model, self.system, self.messages))
-        self.notify(f"exported to {path}", markup=False)
+        self.notify(f"exported to {printable(str(path))}", markup=False)
 
     async def _command_copy(self, arg: str) -> None:
         self.action_copy_code()
