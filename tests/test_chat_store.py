@@ -72,6 +72,26 @@ def test_a_corrupt_history_is_kept_aside_and_a_fresh_one_started(tmp_path):
     assert ChatStore(db).notice is None  # the fresh file is sound
 
 
+def test_a_corrupt_history_that_cannot_be_replaced_says_where_it_was_kept(tmp_path, monkeypatch):
+    db = tmp_path / "chats.db"
+    db.write_bytes(b"not a database" * 100)
+    real_open, opened = ChatStore._open, []
+
+    def open_on_a_full_disk(store):
+        opened.append(None)
+        if len(opened) > 1:  # the fresh file, once the corrupt one is moved aside
+            raise sqlite3.OperationalError("database or disk is full")
+        return real_open(store)
+
+    monkeypatch.setattr(ChatStore, "_open", open_on_a_full_disk)
+    with pytest.raises(KogError) as raised:
+        ChatStore(db)
+    backups = list(tmp_path.glob("chats.db.corrupt-*"))
+    assert len(backups) == 1 and str(raised.value) == (
+        f"the chat history {db} could not be read (file is not a database); it was kept as {backups[0]}, "
+        "but a new one could not be started: database or disk is full")
+
+
 def test_a_damaged_page_is_found_at_open(tmp_path):
     db = tmp_path / "chats.db"
     store = ChatStore(db)

@@ -79,9 +79,12 @@ class ChatStore:
                 raise  # locked, unreadable, disk full: the file itself may be fine, so leave it be
             except sqlite3.DatabaseError as e:  # not a database, or a damaged one
                 backup = self._move_aside()
-                self.notice = (f"the chat history {self.path} could not be read ({e}); "
-                               f"it was kept as {backup} and a new one started")
-                self._db = self._open()
+                kept = f"the chat history {self.path} could not be read ({e}); it was kept as {backup}"
+                try:
+                    self._db = self._open()
+                except (OSError, sqlite3.Error) as e:  # (a full disk): the next start would not say where it went
+                    raise KogError(f"{kept}, but a new one could not be started: {e}") from None
+                self.notice = f"{kept} and a new one started"
         except (OSError, sqlite3.Error) as e:
             raise KogError(f"cannot open the chat history {self.path}: {e}") from None
 
