@@ -116,6 +116,21 @@ def test_a_version_without_its_tables_is_kept_aside(tmp_path):
     assert store.conversations() == []
 
 
+def test_text_that_is_not_utf8_hides_no_chat(tmp_path):
+    db = tmp_path / "chats.db"
+    store = ChatStore(db)
+    good, bad = store.create("m", None), store.create("m", None)
+    store.add_message(good, "user", "good")
+    store.add_message(bad, "user", "café")
+    store._db.execute("UPDATE conversations SET title = CAST(X'636166e9' AS TEXT) WHERE id = ?", (bad,))  # latin-1
+    store._db.execute("UPDATE messages SET content = CAST(X'636166e9' AS TEXT) WHERE conversation_id = ?", (bad,))
+    store.close()
+    store = ChatStore(db)
+    assert [c.title for c in store.conversations()] == ["caf\ufffd", "good"]
+    assert store.messages(bad)[0].content == "caf\ufffd"
+    store.close()
+
+
 def test_a_history_that_cannot_be_opened_is_left_alone(tmp_path):
     (tmp_path / "chats.db").mkdir()  # sqlite cannot open a directory, which is no sign of corruption
     with pytest.raises(KogError, match="cannot open the chat history"):

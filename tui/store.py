@@ -90,6 +90,8 @@ class ChatStore:
 
     def _open(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None)  # autocommit; transactions are explicit
+        # text another program (or a flipped bit) left in a legacy encoding must not hide every other chat
+        db.text_factory = lambda data: data.decode("utf-8", "replace")
         try:
             db.execute("PRAGMA foreign_keys = ON")
             # quick_check reads every page, so damage deep in the file is found now, not mid-chat.
