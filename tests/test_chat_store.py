@@ -131,6 +131,16 @@ def test_text_that_is_not_utf8_hides_no_chat(tmp_path):
     store.close()
 
 
+def test_damaged_stats_read_as_none(tmp_path):
+    store = ChatStore(tmp_path / "chats.db")
+    chat = store.create("m", None)
+    for stats in ('{"stop_reason": "sto', "[1]", '{"stop_reason": "length"}'):
+        store.add_message(chat, "assistant", "reply", {})
+        store._db.execute("UPDATE messages SET stats = ? WHERE id = (SELECT MAX(id) FROM messages)", (stats,))
+    assert [m.stats for m in store.messages(chat)] == [None, None, {"stop_reason": "length"}]
+    store.close()
+
+
 def test_a_history_that_cannot_be_opened_is_left_alone(tmp_path):
     (tmp_path / "chats.db").mkdir()  # sqlite cannot open a directory, which is no sign of corruption
     with pytest.raises(KogError, match="cannot open the chat history"):

@@ -212,7 +212,16 @@ class ChatStore:
             rows = db.execute(
                 "SELECT role, content, stats FROM messages WHERE conversation_id = ? ORDER BY id", (conversation_id,)
             ).fetchall()
-        return [StoredMessage(role, content, json.loads(stats) if stats else None) for role, content, stats in rows]
+        return [StoredMessage(role, content, _stats(stats)) for role, content, stats in rows]
+
+
+def _stats(text: str | None) -> dict | None:
+    """A message's stats; damaged ones read as none, since they only annotate the message."""
+    try:
+        stats = json.loads(text) if text else None
+    except ValueError:
+        return None
+    return stats if isinstance(stats, dict) else None
 
 
 _SELECT = """SELECT c.id, c.title, c.model, c.system, c.created, c.updated, COUNT(m.id)
