@@ -71,6 +71,10 @@ def test_the_npm_placeholder_and_nothing_at_all_are_not_test_commands(tmp_path):
     with pytest.raises(KogError, match="pass --test-cmd"):
         detect(tmp_path)
     assert detect(tmp_path, "make check").command == "make check"
+    for script in (5, ["pytest"], None):
+        (tmp_path / "package.json").write_text(json.dumps({"scripts": {"test": script}}))
+        with pytest.raises(KogError, match="pass --test-cmd"):
+            detect(tmp_path)
     with pytest.raises(KogError, match="--test-cmd is empty"):
         detect(tmp_path, " ")
 
