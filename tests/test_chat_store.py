@@ -254,6 +254,7 @@ def test_slash_commands():
         with pytest.raises(KogError, match=message):
             commands.parse(bad)
     assert commands.temperature("0.7") == 0.7
+    assert str(commands.temperature("-0")) == "0.0"
     for bad in ("hot", "nan", "inf"):
         with pytest.raises(KogError, match="/temp needs"):
             commands.temperature(bad)

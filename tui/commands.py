@@ -58,7 +58,7 @@ def temperature(arg: str) -> float:
         raise KogError(f"/temp needs a number, got {arg!r}") from None
     if not math.isfinite(value):
         raise KogError(f"/temp needs a finite number, got {arg!r}")
-    return value
+    return value + 0.0  # (-0 is 0: "temperature -0" would read as a mistake)
 
 
 def help_markdown() -> str:
