@@ -210,6 +210,8 @@ def _git_mode(mode: int) -> str:
 
 def _read(path: Path) -> tuple[int, bytes] | None:
     """(mode, bytes) of a file as the checkpoint sees it: a link is its target; None if absent."""
+    if path.parent.resolve() != path.parent:
+        return None  # behind a link (a folder the run made a link, even to a folder inside): not the file itself
     try:
         if path.is_symlink():
             return LINK, os.readlink(path).encode()

@@ -391,3 +391,12 @@ def test_a_file_standing_where_a_folder_goes_back_stops_undo_and_is_kept(tmp_pat
     undo(root, force=True)
     assert snapshot(root) == before
     assert (root / ".kog/checkpoints/run1.undone/out").read_text() == "the user's file, made after the run\n"
+
+
+@pytest.mark.parametrize("use_git", [True, False])
+def test_undo_of_a_run_that_made_a_folder_a_link_to_a_folder_inside(tmp_path, use_git):
+    root = make_repo(tmp_path, "py_mean", use_git=use_git)
+    before = snapshot(root)
+    sealed_run(root, lambda r: (os.rename(r / "tests", r / "moved"), (r / "tests").symlink_to("moved")))
+    undo(root)  # tests/test_stats.py, read through the link, looked unchanged: it was not put back
+    assert snapshot(root) == before
