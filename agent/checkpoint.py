@@ -11,8 +11,8 @@ bytes or mode differ and deletes the files the run added. The agent may not writ
 git ignores, since no checkpoint would hold it. Where shell commands may run (which can touch
 any file), a git checkpoint also keeps copies of the small files git ignores (`.env`, local
 settings: IGNORED_LIMITS, the shallowest first, outside dependency, build and cache folders)
-under `.kog/checkpoints/<run id>.ignored/`, never in git, where a push could take them; undo
-puts back those a run changed or deleted, and leaves the ignored files a run added alone.
+under `kog/<run id>.ignored/` in the git directory, where neither a push nor the run's own `git clean -x`
+reaches them; undo puts back those a run changed or deleted, and leaves the ignored files a run added alone.
 
 At its end a run seals the record with the files as it leaves them. Undo then refuses, unless
 forced, to overwrite or delete what changed after that (the user's own later work), and in every
@@ -110,6 +110,10 @@ class GitStore:
             kept.append(name)
             total += size
         return kept
+
+    def git_path(self, name: str) -> str:
+        """`name` in the git directory: relative to the root (or absolute, as a worktree's)."""
+        return os.fsdecode(_git(self.root, "rev-parse", "--git-path", name).rstrip(b"\n"))
 
     def covers(self, path: str) -> bool:
         ignored = subprocess.run(["git", "check-ignore", "-q", "--", path], cwd=self.root, check=False)
@@ -263,7 +267,8 @@ class Checkpoint:
             record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
             record |= self.store.save(self.run_id, files)
             if self.keep_ignored:
-                record |= _save_ignored(self.root, self.run_id, self.store.ignored(), self.store.algorithm)
+                folder = self.store.git_path(f"kog/{self.run_id}.ignored")
+                record |= _save_ignored(self.root, folder, self.store.ignored(), self.store.algorithm)
             self._write(record)
         return self.record
 
@@ -288,10 +293,9 @@ class Checkpoint:
         return _diff(self.root, self.store, self.record)
 
 
-def _save_ignored(root: Path, run_id: str, paths: list[str], algorithm: str) -> dict:
-    """Copies of the ignored files `paths` beside the record, and the record's entries for them; a file that
+def _save_ignored(root: Path, folder: str, paths: list[str], algorithm: str) -> dict:
+    """Copies of the ignored files `paths` in `folder`, and the record's entries for them; a file that
     cannot be read (another user's, gone since) is left out."""
-    folder = f"{CHECKPOINTS}/{run_id}.ignored"
     saved = {}
     for p in paths:
         try:

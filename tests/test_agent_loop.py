@@ -342,6 +342,18 @@ def test_undo_brings_back_an_ignored_file_a_command_deleted(tmp_path):
     assert snapshot(root) == before
 
 
+def test_undo_brings_back_ignored_files_after_a_commands_git_clean_x(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    ignore(root, ".env")
+    (root / ".env").write_text("TOKEN=secret\n")
+    before = snapshot(root)
+    summary, _, _, _ = run(root, ["@run_command git clean -fdxq\n", FIX_MEAN], tmp_path, test_cmd=QUICK_MEAN_TEST,
+                           allow_shell=True)
+    assert summary["fixed"] and not (root / ".env").exists()  # and the checkpoint's copy had better not be in .kog/
+    undo(root)
+    assert snapshot(root) == before
+
+
 def test_a_server_failing_mid_run_still_ends_it_whole_so_undo_guards_later_work(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     before = snapshot(root)
