@@ -334,6 +334,7 @@ def _changes(root: Path, store, record: dict, with_ignored: bool = True) -> list
 def _diff(root: Path, store, record: dict) -> str:
     parts = []
     for path, old, now, old_mode in _changes(root, store, record, with_ignored=False):
+        path = os.fsencode(path).decode(errors="backslashreplace")  # a name that is not UTF-8: text a log can hold
         new = now[1] if now is not None else None
         if old == new:
             parts.append(f"mode {path}: {oct(old_mode)} -> {oct(now[0])}\n")

@@ -354,6 +354,20 @@ def test_undo_brings_back_ignored_files_after_a_commands_git_clean_x(tmp_path):
     assert snapshot(root) == before
 
 
+def test_a_run_that_deletes_a_file_whose_name_is_not_utf8_ends_whole(tmp_path):
+    root = make_repo(tmp_path, "py_mean")
+    (root / os.fsdecode(b"caf\xe9.txt")).write_text("a Latin-1 name\n")
+    before = snapshot(root)
+    summary, _, _, _ = run(root, ["@run_command rm caf*.txt\n", FIX_MEAN], tmp_path, test_cmd=QUICK_MEAN_TEST,
+                           allow_shell=True)  # the diff's name once stopped the log's end, and the seal after it
+    assert summary["fixed"] and "--- a/caf\\xe9.txt\n+++ /dev/null\n" in summary["diff"]
+    (root / "stats.py").write_text("the user's, after the run\n")
+    with pytest.raises(KogError, match="changed since run"):
+        undo(root)
+    undo(root, force=True)
+    assert snapshot(root) == before
+
+
 def test_a_server_failing_mid_run_still_ends_it_whole_so_undo_guards_later_work(tmp_path):
     root = make_repo(tmp_path, "py_mean")
     before = snapshot(root)
