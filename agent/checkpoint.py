@@ -264,7 +264,8 @@ class Checkpoint:
     def take(self) -> dict:
         if self.record is None:
             files = _states(self.root, self.store.current(), self.store.algorithm)
-            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files}
+            record = {"id": self.run_id, "kind": self.store.kind, "created": time.time(), "undone": False, "files": files,
+                      "empty_dirs": _empty_dirs(self.root)}
             record |= self.store.save(self.run_id, files)
             if self.keep_ignored:
                 folder = self.store.git_path(f"kog/{self.run_id}.ignored")
@@ -291,6 +292,16 @@ class Checkpoint:
         if self.record is None:
             return ""
         return _diff(self.root, self.store, self.record)
+
+
+def _empty_dirs(root: Path) -> list[str]:
+    """The folders holding nothing (outside dependency, build and cache folders): no saved file brings them back."""
+    found = []
+    for folder, dirs, names in os.walk(root):
+        if not (dirs or names):
+            found.append(Path(folder).relative_to(root).as_posix())
+        dirs[:] = [d for d in dirs if d not in SKIP_DIRS | CACHE_DIRS]
+    return found
 
 
 def _save_ignored(root: Path, folder: str, paths: list[str], algorithm: str) -> dict:
@@ -408,7 +419,10 @@ def undo(root: Path, force: bool = False) -> str:
     for rel in added:
         _keep_before_undo(root, rel, root / kept)  # (one a restored .gitignore shows was not kept above)
         (root / rel).unlink()
-        _prune((root / rel).parent, root)
+        _prune((root / rel).parent, root, set(record.get("empty_dirs", ())))
+    for rel in record.get("empty_dirs", ()):  # the empty folders the run removed: never made through a link or over a file
+        if _in_the_way(root, rel) is None:
+            (root / rel).mkdir(parents=True)
     record["undone"] = True
     write_atomic(path, json.dumps(record).encode())
     if record["kind"] == "git":  # its blobs are no longer needed, and a kog/ branch should not linger into a push
@@ -479,8 +493,8 @@ def _clear_way(target: Path, root: Path) -> None:
         folder.mkdir(exist_ok=True)
 
 
-def _prune(folder: Path, root: Path) -> None:
-    """Remove folders the run created and left empty."""
-    while folder != root and folder.is_dir() and not any(folder.iterdir()):
+def _prune(folder: Path, root: Path, empty_before: set[str]) -> None:
+    """Remove folders the run created and left empty (not those empty before it)."""
+    while folder != root and folder.relative_to(root).as_posix() not in empty_before and folder.is_dir() and not any(folder.iterdir()):
         folder.rmdir()
         folder = folder.parent

@@ -400,3 +400,14 @@ def test_undo_of_a_run_that_made_a_folder_a_link_to_a_folder_inside(tmp_path, us
     sealed_run(root, lambda r: (os.rename(r / "tests", r / "moved"), (r / "tests").symlink_to("moved")))
     undo(root)  # tests/test_stats.py, read through the link, looked unchanged: it was not put back
     assert snapshot(root) == before
+
+
+@pytest.mark.parametrize("use_git", [True, False])
+def test_undo_keeps_and_makes_again_the_empty_folders_there_before_the_run(tmp_path, use_git):
+    root = make_repo(tmp_path, "py_mean", use_git=use_git)
+    (root / "out").mkdir()
+    (root / "spare/deep").mkdir(parents=True)
+    before = snapshot(root)
+    sealed_run(root, lambda r: ((r / "out/result.txt").write_text("the run's\n"), (r / "spare/deep").rmdir()))
+    undo(root)  # out/ once went with the file the run added in it, and spare/deep stayed gone
+    assert (root / "out").is_dir() and (root / "spare/deep").is_dir() and snapshot(root) == before
