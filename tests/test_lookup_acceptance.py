@@ -16,7 +16,7 @@ def test_draft_follows_the_latest_occurrence_of_the_longest_suffix():
     assert draft([1, 2, 3], 4, ngram=4) == []
 
 
-def test_a_copied_span_takes_few_passes_and_a_wrong_draft_costs_nothing_extra():
+def test_a_copied_span_takes_a_pass_every_k_plus_one_tokens_and_new_tokens_one_each():
     rng = np.random.default_rng()
     span = [int(t) for t in rng.permutation(1000)[:40] + 10]  # distinct tokens: one occurrence each
     prompt = span + [1, 2]
