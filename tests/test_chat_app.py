@@ -24,10 +24,11 @@ from chat_helpers import (
     wait_reply,
 )
 
-from textual.widgets import Static
+from textual.widgets import OptionList, Static
 
 from tui.screens.chats import ChatList
 from tui.screens.confirm import Confirm
+from tui.screens.models import ModelPicker
 from tui.screens.code import CodeView
 from tui.store import ChatStore
 from tui.widgets.conversation import MessageView
@@ -558,3 +559,23 @@ def test_control_characters_in_a_notification_never_reach_the_terminal(default_g
             return [n.message for n in app._notifications]  # (toasts are not drawn under Pilot)
 
     assert run(scenario()) == ["system message: Be \u241b]2;pwned\u241b\\ brief."]
+
+
+def test_picking_the_model_in_use_keeps_it_loaded(default_gguf, tmp_path):
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", device="cpu")
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            session = app.session
+            await pilot.press("ctrl+t")
+            await wait_for(pilot, lambda: isinstance(app.screen, ModelPicker), 10, "the picker")
+            options = app.screen.query_one(OptionList)
+            options.highlighted = options.get_option_index(session.model.target)
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: len(app.screen_stack) == 1, 10, "the picker to close")
+            await pilot.pause()
+            # not loaded again: that would drop the cache and the last reply's rates
+            assert app.session is session and app.loading is None
+            assert f"{session.model.target} is already in use" in [n.message for n in app._notifications]
+
+    run(scenario())

@@ -411,8 +411,17 @@ class ChatApp(App):
         if arg:
             self.use_model(arg)
             return
-        current = self.session.model.name if self.session else None
-        self.push_screen(ModelPicker(current), lambda name: self.use_model(name) if name else None)
+        # the target, not the name: a local file named like a registry model is not that model
+        current = self.session.model.target if self.session else None
+
+        def chosen(name: str | None) -> None:
+            if name and self.loading is None and self.session is not None and name == self.session.model.target:
+                # a reload would only drop the cache and the rates
+                self.notify(f"{name} is already in use", markup=False)
+            elif name:
+                self.use_model(name)
+
+        self.push_screen(ModelPicker(current), chosen)
 
     async def _command_system(self, arg: str) -> None:
         self.system = arg or None
