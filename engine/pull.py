@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -123,9 +124,17 @@ def _pulls_locked(folder: Path, progress: bool, on_progress: ProgressCallback | 
         except BlockingIOError:
             if progress:
                 _console.print(f"waiting for another kog to finish its download into {folder} ...", markup=False)
-            if on_progress is not None:
-                on_progress("waiting for another download", 0, None)
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if on_progress is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                # polled, not blocked on: each report is where the caller can stop the wait (Esc in the chat)
+                while True:
+                    on_progress("waiting for another download", 0, None)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        time.sleep(0.25)
         yield
     finally:
         os.close(fd)  # (releases the lock)

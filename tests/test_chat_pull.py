@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import os
 import zipfile
@@ -17,8 +18,9 @@ from chat_helpers import (
     wait_for,
     wait_ready,
 )
-from textual.widgets import ProgressBar
+from textual.widgets import Label, ProgressBar
 
+from engine import paths
 from engine.pull import fetch
 from engine.registry import ModelSpec, Registry, installed, local_path
 from tui.screens.confirm import Confirm
@@ -123,3 +125,31 @@ def test_esc_stops_a_download_and_nothing_half_written_stays(default_gguf, tmp_p
     assert run(scenario()) == ("the download of test-weights was stopped; "
                                "/model test-weights or `kog pull test-weights` starts it again")
     assert not installed(spec) and not local_path(spec).parent.exists()  # no part file, no empty folder
+
+
+def test_esc_stops_a_download_waiting_for_another_kogs(default_gguf, tmp_path, monkeypatch):
+    model = loaded(default_gguf)
+    spec = local_index(tmp_path, monkeypatch)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, [], 1.0))
+    other = os.open(paths.make_dir(paths.models_dir()), os.O_RDONLY)
+    fcntl.flock(other, fcntl.LOCK_EX)  # another kog's download holds the models dir
+
+    async def scenario():
+        app = chat_app(tmp_path / "chats.db", opener)
+        results = []
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            await app.push_screen(PullModel(spec), results.append)
+            stage = app.screen.query_one("#stage", Label)
+            await wait_for(pilot, lambda: "waiting" in str(stage.render()), 60, "the wait for the other download")
+            await pilot.press("escape")
+            try:
+                await wait_for(pilot, lambda: results, 60, "the wait to stop")
+            finally:
+                os.close(other)  # (else a wait that did not stop would hold the test run)
+            assert len(app.screen_stack) == 1
+        return results[0]
+
+    assert run(scenario()) == ("the download of test-weights was stopped; "
+                               "/model test-weights or `kog pull test-weights` starts it again")
+    assert not installed(spec)
