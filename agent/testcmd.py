@@ -92,7 +92,7 @@ def _node(root: Path) -> TestCommand | None:
         script = json.loads(_read(root / "package.json") or "{}").get("scripts", {}).get("test", "")
     except (json.JSONDecodeError, AttributeError):
         return None
-    # npm init's placeholder always fails; a script that is not a string, npm refuses
+    # npm init's default script ("no test specified") always fails; a script that is not a string, npm refuses
     if not isinstance(script, str) or not script or "no test specified" in script:
         return None
     return TestCommand("npm test --silent", "the test script in package.json", ("package.json",))

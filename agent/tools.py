@@ -50,7 +50,7 @@ class Result:
 def _as_re_reads_it(pattern: str) -> str:
     """The model's pattern with the meaning Python's `re` gives it, for the `regex` package. To `re` a brace that
     opens no count is a literal; `regex` instead reads a brace pair holding one of the letters e, i, d and s (as in
-    an f-string's placeholder `{e}`) as a fuzzy-matching constraint. So every such brace is escaped here."""
+    an f-string's `{e}`) as a fuzzy-matching constraint. So every such brace is escaped here."""
     out, i = [], 0
     while i < len(pattern):
         if pattern.startswith("\\N{", i):  # a character by name, \N{EM DASH}: copied whole
