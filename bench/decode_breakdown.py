@@ -164,6 +164,7 @@ VARIANTS = {
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
+    **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in (2, 3, 5)},  # the drafts' build as the main one: n positions a pass
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
     # each block streaming only its own partition's chunks: what a weight layout by partition would gain

@@ -9,17 +9,24 @@ exact number of passes for every k. Coding agents copy a lot (SEARCH blocks, who
 quote the code); prose copies little: the prompts below hold both.
 
     python bench/lookup_acceptance.py [--model NAME] [--device cpu|cuda] [--tokens 256] [--drafts 2,4,8]
+    python bench/lookup_acceptance.py --device cuda --positions 5   # and the CUDA decode's drafted passes, timed
 
 For each prompt it prints the tokens a pass for each k, and for k = 4 the share of passes that had a draft
 and the share whose draft lost its first token (a pass that a plain decode would have run anyway).
+With --positions N (CUDA), each prompt is decoded again with N positions a pass (N - 1 drafts): its tokens
+must be the plain decode's, and both decode rates (the kernel's own token stamps) are printed side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from agent import prompts
-from engine.api import load, open_session
+from engine.api import load
+from engine.backends import create_backend
+from engine.session import Session
 from engine.sampling import SamplingParams
 
 CODE = '''import json
@@ -96,6 +103,12 @@ def passes(prompt: list[int], generated: list[int], k: int, ngram: int) -> tuple
     return count, drafted, missed
 
 
+def decode_rate(backend) -> float:
+    """Tokens a second of the last decode, from the kernel's own token stamps (first to last token)."""
+    t = backend.token_times_ns.astype(np.float64)
+    return (len(t) - 1) / ((t[-1] - t[0]) * 1e-9) if len(t) > 1 else 0.0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=None)
@@ -103,15 +116,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--drafts", default="2,4,8")
     parser.add_argument("--ngram", type=int, default=4)
+    parser.add_argument("--positions", type=int, default=1, help="CUDA: also decode with this many positions a pass")
     args = parser.parse_args()
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to 1")
+    backend = create_backend(model, args.device, 4096)
+    rates = []
     for name, (system, text) in PROMPTS.items():
-        session = open_session(model, device=args.device, context=4096, system=system)
+        backend.truncate(0)
+        session = Session(model, backend, system=system)
         prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}], add_generation_prompt=True)
         generated = [event.id for event in session.send(text, SamplingParams(), max_tokens=args.tokens)]
+        if args.positions > 1:
+            plain = decode_rate(backend)
+            backend.truncate(0)
+            backend.draft_positions = args.positions
+            drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
+            backend.draft_positions = 1
+            same = drafted == generated
+            rates.append((plain, decode_rate(backend)))
+            print(f"{name:8s} CUDA decode: plain {plain:7.1f} tok/s, {args.positions} positions a pass "
+                  f"{rates[-1][1]:7.1f} tok/s ({rates[-1][1] / plain:.2f}x), {backend.last_status['passes']} passes, "
+                  f"tokens {'identical' if same else 'DIFFERENT'}")
         row = []
         for k in ks:
             count, drafted, missed = passes(prompt, generated, k, args.ngram)
@@ -123,6 +151,9 @@ def main() -> None:
         print(f"{name:8s} prompt {len(prompt):4d}, generated {len(generated):3d}: tokens a pass " + ", ".join(row)
               + (f"; k=4 passes {shares}" if 4 in ks else ""))
     print("all: tokens a pass " + ", ".join(f"k={k} {t / c:.2f}" for k, (t, c) in totals.items()))
+    if rates:
+        print(f"CUDA decode, {args.positions} positions a pass against plain: "
+              + ", ".join(f"{d / p:.2f}x" for p, d in rates))
 
 
 if __name__ == "__main__":

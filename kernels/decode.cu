@@ -55,16 +55,20 @@ __device__ __forceinline__ void run_filler_code(const Ctx& c) {
     if (a0 + a1 + a2 + a3 == 1.2345f) c.red16[0] = a0;  // never: keeps the chains
 }
 
-// ---- one token through the model ---------------------------------------------------------
+// ---- one pass through the model: a token, or NPOS positions (DRAFTS) ---------------------
+using XOwn = float[NPOS][MO::MAXR];  // this block's rows of the residual stream, a row of them a position
+
 // The block's rows of an H-row product (O, down) into its slice of the residual stream, which
 // every block then reads as tagged words of the next phase.
 template <class M>
-__device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, float* xown) {
+__device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, XOwn& xown) {
     const int r0 = M::row0(c.b), nr = M::row0(c.b + 1) - r0;
-    for (int r = c.tid; r < nr; r += NTHR) {
-        xown[r] += mv_result<M>(red, r);
-        hop_st_tagged(c, HV_X + r0 + r, xown[r], c.epoch + 1);
-    }
+#pragma unroll
+    for (int p = 0; p < NPOS; ++p)
+        for (int r = c.tid; r < nr; r += NTHR) {
+            xown[p][r] += mv_result<M>(red + p * MV_RED, r);
+            hop_st_tagged(c, HV_X + p * H + r0 + r, xown[p][r], c.epoch + 1);
+        }
 }
 
 // DN_SPLIT > 1: O's rows of the residual stream, kept in fixed point (kog_xfix), published twice:
@@ -73,17 +77,23 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
 // its embedding row (xown) where the summed words still hold the last token's stream.
 // (A block that takes no QKV rows, QKV_SKIP, runs an attention unit instead, which O's adds need too.)
 static_assert(NQKV >= NBLK - QKV_SKIP, "every block reads the stream before its QKV rows: no O add can come before that read");
-__device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const float* xown, int l) {
+__device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const XOwn& xown, int l) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
     const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
-    for (int r = c.tid; r < nr; r += NTHR) {
-        const long long x0 = l == 0 ? sum_fixed(xown[r], SUM_X_MAX) : kog_xfix[r];
-        const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red, r), SUM_X_MAX), -XMAX), XMAX);
-        hop_st_tagged(c, HV_X + r0 + r, sum_float(x), c.epoch + 1);
-        hop_red_add(c, HV_XSUM + r0 + r, sum_add(x - kog_xfix[r]));
-        kog_xfix[r] = x;
-    }
+#pragma unroll
+    for (int p = 0; p < NPOS; ++p)
+        for (int r = c.tid; r < nr; r += NTHR) {
+            const long long x0 = l == 0 ? sum_fixed(xown[p][r], SUM_X_MAX) : kog_xfix[p][r];
+            const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red + p * MV_RED, r), SUM_X_MAX), -XMAX), XMAX);
+            hop_st_tagged(c, HV_X + p * H + r0 + r, sum_float(x), c.epoch + 1);
+            hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(x - kog_xfix[p][r]));
+            kog_xfix[p][r] = x;
+        }
 }
+
+// Word j of SiLU(gate)*up of the pass's position p: [down's slice][position][element] (each block of down
+// gathers its slice's NPOS rows in one run).
+__device__ __forceinline__ int act_word(int p, int j) { return HV_ACT + (j / DN_K * NPOS + p) * DN_K + j % DN_K; }
 
 // RMSNorm of the residual stream after `layers` layers of this launch (before QKV, or the final
 // norm): where down is split its slices' sums meet in the summed words; else down's owners
@@ -177,14 +187,16 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     publish_block_best(c, best);
 }
 
-__device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
+// The pass's tokens (shared memory: NPOS of them) at positions pos .. pos + NPOS - 1.
+__device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
-    float* red = c.sm + MV_X;
+    float* red = c.sm + NPOS * MV_X;
     const int b = c.b;
     const unsigned short* w = P->w;
+    const int last = pos + NPOS - 1;  // the context's last position this pass
     // the attention's units per kv head depend on the position alone: whether O's gather merges them
-    const int nbc_now = CM_MAX > 1 ? att_units_now(pos) : 1;
+    const int nbc_now = CM_MAX > 1 ? att_units_now(last) : 1;
     const bool o_merges = nbc_now > 1 && merged_in_o(nbc_now);
     for (int l = 0; l < NL; ++l) {
         c.layer = l;
@@ -192,9 +204,12 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         // --- QKV
         if (ATT_EARLY_AT == 2 || (ATT_EARLY_AT >= 3 && l == 0)) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
-            const unsigned short* emb = w + OFF_EMB + (long long)token * H;
-            for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[r] = kog_bf16(emb[MO::row0(b) + r]);
-            stage_norm(c, xs, HV_X, 0, emb, sl + S_ATTN_NORM);
+#pragma unroll
+            for (int p = 0; p < NPOS; ++p) {
+                const unsigned short* emb = w + OFF_EMB + (long long)tokens[p] * H;
+                for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[p][r] = kog_bf16(emb[MO::row0(b) + r]);
+            }
+            stage_norm(c, xs, HV_X, 0, tokens, sl + S_ATTN_NORM);
         } else {
             if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
@@ -205,13 +220,15 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             __syncthreads();
             trace_mv(c, MAT_QKV, 4);
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
-            for (int r = c.tid; r < nr; r += NTHR) {
-                float v = mv_result<MQKV>(red, r);
+#pragma unroll
+            for (int p = 0; p < NPOS; ++p)
+                for (int r = c.tid; r < nr; r += NTHR) {
+                    float v = mv_result<MQKV>(red + p * MV_RED, r);
 #if KOG_QKV_BIAS
-                v += sl[S_BQKV + r0 + r];
+                    v += sl[S_BQKV + r0 + r];
 #endif
-                hop_st_tagged(c, HV_QKV + r0 + r, v, c.epoch + 1);
-            }
+                    hop_st_tagged(c, HV_QKV + p * NQKV + r0 + r, v, c.epoch + 1);
+                }
             trace_mv(c, MAT_QKV, 5);
         }
         end_phase(c);
@@ -220,7 +237,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         const bool att_ok = attention(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
         AttUnit unit;
-        const bool att_work = att_unit_of(b, pos, unit);
+        const bool att_work = att_unit_of(b, last, unit);
         if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
@@ -252,11 +269,13 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
             __syncthreads();
             trace_mv(c, MAT_GU, 4);
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
-            for (int j = c.tid; j < np; j += NTHR) {
-                const float gt = mv_result<MGU>(red, 2 * j), up = mv_result<MGU>(red, 2 * j + 1);
-                const float a = gt / (1.0f + expf(-gt)) * up;
-                hop_st_tagged(c, HV_ACT + r0 / 2 + j, a, c.epoch + 1);
-            }
+#pragma unroll
+            for (int p = 0; p < NPOS; ++p)
+                for (int j = c.tid; j < np; j += NTHR) {
+                    const float gt = mv_result<MGU>(red + p * MV_RED, 2 * j), up = mv_result<MGU>(red + p * MV_RED, 2 * j + 1);
+                    const float a = gt / (1.0f + expf(-gt)) * up;
+                    hop_st_tagged(c, act_word(p, r0 / 2 + j), a, c.epoch + 1);
+                }
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
@@ -264,7 +283,7 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         // (KOG_EXP 14, timing only: down's product takes its slice of act as it stands: the gate/up -> down hop gone)
-        if (KOG_EXP != 14 && !stage_copy<DN_K>(c, xs, HV_ACT + MDN::group(b) * DN_K, c.epoch)) return false;  // the block's slice
+        if (KOG_EXP != 14 && !stage_copy<DN_K>(c, xs, act_word(0, MDN::group(b) * DN_K), c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
             mv_run<MDN, MAT_DN>(c, xs, red);
@@ -274,7 +293,10 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-                for (int r = c.tid; r < nr; r += NTHR) hop_red_add(c, HV_XSUM + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red, r), SUM_PART_MAX)));
+#pragma unroll
+                for (int p = 0; p < NPOS; ++p)
+                    for (int r = c.tid; r < nr; r += NTHR)
+                        hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red + p * MV_RED, r), SUM_PART_MAX)));
             }
             trace_mv(c, MAT_DN, 5);
         }
@@ -291,13 +313,16 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
         mv_run<MLM, MAT_LM>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
-        Best best = {-KOG_INF, 0x7fffffff};
-        for (int r = c.tid; r < nr; r += NTHR) {
-            const float v = mv_result<MLM>(red, r);
-            P->logits[r0 + r] = v;
-            post_logit(P, greedy, r0 + r, v, best);
+#pragma unroll 1
+        for (int p = 0; p < NPOS; ++p) {  // (DRAFTS: greedy, so no logits are kept)
+            Best best = {-KOG_INF, 0x7fffffff};
+            for (int r = c.tid; r < nr; r += NTHR) {
+                const float v = mv_result<MLM>(red + p * MV_RED, r);
+                if (!DRAFTS) P->logits[r0 + r] = v;
+                post_logit(P, greedy, r0 + r, v, best);
+            }
+            publish_block_best(c, best, p);
         }
-        publish_block_best(c, best);
     }
     if (b == 0 && c.tid == 0) P->ctl[1] = cancel;
     run_filler_code<KOG_ICACHE_KB>(c);
@@ -306,7 +331,8 @@ __device__ bool forward(Ctx& c, int token, int pos, bool greedy, float* xown) {
 }
 
 // ---- token choice ------------------------------------------------------------------------
-__device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& cancel) {
+// chosen[p]: the token after position p of the pass (greedy; at step 0 and when sampling, chosen[0] only).
+__device__ bool choose_token(Ctx& c, int step, bool greedy, int* chosen, int& cancel) {
     const KParams* P = c.P;
     if (step == 0) {  // logits came from prefill: scan them like the LM head epilogue would
         int cf = 0;
@@ -320,12 +346,13 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
     }
     if (!wait_all(c, c.epoch)) return false;
     if (greedy) {
-        if (c.warp == 0) {
-            const Best x = gather_best(c);
-            if (c.lane == 0) c.sint[1] = x.i, c.sint[2] = kog_ldcg_s32(P->ctl + 1);
+        static_assert(NPOS <= NW, "a warp gathers a position's best");
+        if (c.warp < NPOS) {
+            const Best x = gather_best(c, c.warp);
+            if (c.lane == 0) chosen[c.warp] = x.i;
+            if (c.warp == 0 && c.lane == 0) c.sint[2] = kog_ldcg_s32(P->ctl + 1);
         }
         __syncthreads();
-        token = c.sint[1];
         cancel = c.sint[2];
         __syncthreads();
         return true;
@@ -359,18 +386,67 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int& token, int& can
         __syncthreads();
         if (!ok) return false;
     }
-    token = kog_ldcg_s32(P->ctl + 0);
+    const int t = kog_ldcg_s32(P->ctl + 0);
     cancel = kog_ldcg_s32(P->ctl + 1);
+    __syncthreads();  // (every thread has read chosen[0] before it is written again)
+    if (c.tid == 0) chosen[0] = t;
     __syncthreads();
     return true;
 }
 
+// ---- drafts (DRAFTS) -----------------------------------------------------------------------
+// All threads: the draft for the pass whose first token sits at position pos (hist[0 .. pos] hold the context):
+// the tokens that followed the latest earlier occurrence of the context's last n tokens, n from DRAFT_NGRAM down
+// to 1 (bench/lookup_acceptance.py's rule), at most NPOS - 1 of them and as many as the context holds after that
+// occurrence, into tokens[1 ..]; the rest of tokens[] repeat tokens[0]. Returns how many were drafted (0: no
+// suffix occurs earlier). The candidates' ends are scanned from the latest back, a round of DRAFT_ROUND at a
+// time, until a round holds an occurrence of all DRAFT_NGRAM tokens. Every block runs it alike (the blocks
+// need the draft at once: no hop).
+constexpr int DRAFT_NGRAM = 4;
+constexpr int DRAFT_PER_THREAD = 4;
+constexpr int DRAFT_ROUND = DRAFT_PER_THREAD * NTHR;
+__device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
+    const int* const hist = c.P->hist;
+    int tail[DRAFT_NGRAM];  // the context's last tokens, latest first (-1: before the context)
+#pragma unroll
+    for (int i = 0; i < DRAFT_NGRAM; ++i) tail[i] = pos - i >= 0 ? kog_ldcg_s32(hist + pos - i) : -1;
+    if (c.tid == 0) *best_key = 0;
+    __syncthreads();
+    for (int top = pos - 1; top >= 0; top -= DRAFT_ROUND) {
+        int key = 0;  // (matched tokens) << 24 | the occurrence's end, the largest of this thread's ends
+#pragma unroll
+        for (int k = 0; k < DRAFT_PER_THREAD; ++k) {
+            const int e = top - c.tid - k * NTHR;  // an end before the last token
+            int h[DRAFT_NGRAM];
+#pragma unroll
+            for (int i = 0; i < DRAFT_NGRAM; ++i) h[i] = e - i >= 0 ? kog_ldcg_s32(hist + e - i) : -2;
+            int n = 0;
+#pragma unroll
+            for (int i = 0; i < DRAFT_NGRAM; ++i) n += n == i && h[i] == tail[i];
+            if (n > 0) key = max(key, n << 24 | e);
+        }
+        if (key) atomicMax(best_key, key);
+        __syncthreads();
+        const int best = *best_key;
+        __syncthreads();  // (read by all before the next round's adds)
+        if (best >> 24 == DRAFT_NGRAM) break;
+    }
+    const int best = *best_key, e = best & 0xffffff;
+    const int n = best ? min(NPOS - 1, pos - e) : 0;
+    for (int j = 1 + c.tid; j < NPOS; j += NTHR) tokens[j] = j <= n ? kog_ldcg_s32(hist + e + j) : tokens[0];
+    __syncthreads();
+    return n;
+}
+
 extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* __restrict__ P) {
     extern __shared__ __align__(SMEM_ALIGN) float kog_smem[];  // the compiler pads the static part
-    __shared__ float red16[NW];
+    __shared__ float red16[NPOS * NW];
     __shared__ int sint[8 + NW];
-    __shared__ float xown[MO::MAXR];  // this block's rows of the residual stream
+    __shared__ XOwn xown;
     __shared__ int stops[MAXSTOP];
+    __shared__ int pass_tokens[NPOS];  // the pass's tokens: the last chosen, then the draft (DRAFTS)
+    __shared__ int chosen[NPOS];       // the token after each of the pass's positions
+    __shared__ int draft_key;
     Ctx c;
     c.P = P;
     c.b = blockIdx.x;
@@ -382,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     c.sm = kog_smem;
     c.red16 = red16;
     c.sint = sint;
-    if (gridDim.x != NBLK || blockDim.x != NTHR) {
+    if (gridDim.x != NBLK || blockDim.x != NTHR || (DRAFTS && (!P->greedy || P->use_penalty))) {
         if (c.tid == 0) fail(P, ERR_BAD_ARGS, 0);
         return;
     }
@@ -390,7 +466,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     const bool greedy = P->greedy != 0;
     const int n_stop = min((int)P->n_stop, MAXSTOP);
     for (int i = c.tid; i < n_stop; i += NTHR) stops[i] = P->stop_ids[i];
-    for (int r = c.tid; r < MO::MAXR; r += NTHR) kog_xfix[r] = 0;  // the summed words start at 0 (cuda.py)
+    for (int r = c.tid; r < NPOS * MO::MAXR; r += NTHR) kog_xfix[r / MO::MAXR][r % MO::MAXR] = 0;  // the summed words start at 0 (cuda.py)
     release_clock_start(c);
     hop_map_load(c);
     __syncthreads();
@@ -404,42 +480,59 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     }
     if (P->debug == DEBUG_FAULT && c.b == 0 && c.tid == 0)  // test knob: a misaligned 16-byte store
         *reinterpret_cast<float4*>(kog_smem + 3) = make_float4(0.f, 0.f, 0.f, 0.f);
-    int pos = (int)P->start_pos, fed = 0, out = 0, reason = 0;
+    // pos: where the next token is fed. A pass feeds pass_tokens at pos .. pos + NPOS - 1; chosen[j] follows
+    // position pos + j, and is the plain decode's token there while the drafts before it were chosen too.
+    int pos = (int)P->start_pos, fed = 0, out = 0, reason = 0, passes = 0, drafted = 0;
     for (int step = 0; ok; ++step) {
-        int token = 0, cancel = 0;
+        int cancel = 0;
         c.step = step;
         c.ev = 0;
-        if (!choose_token(c, step, greedy, token, cancel)) {
+        if (!choose_token(c, step, greedy, chosen, cancel)) {
             ok = false;
             break;
         }
-        if ((unsigned)token >= (unsigned)VOCAB) token = 0;  // NaN logits must not index past the table
-        out = step + 1;
-        if (c.b == 0 && c.tid == 0) {
-            // the host reads a slot once it is no longer -1: one store, no system fence on the
-            // critical path (block 0's next phase would wait for it)
-            kog_st_relaxed_sys_s32(P->host_tokens + step, token);
-            P->tok_time[step] = kog_clock_ns();
-            if (P->use_penalty) atomicOr(P->rep_bits + (token >> 5), 1u << (token & 31));
+        int kept = 0;  // draft tokens the pass confirmed
+        while (kept < drafted && pass_tokens[1 + kept] == chosen[kept]) ++kept;
+        int token = 0, j = 0;
+        for (; j <= kept && !reason; ++j) {  // the pass's tokens, each checked as the plain decode checks it
+            token = chosen[j];
+            if ((unsigned)token >= (unsigned)VOCAB) token = 0;  // NaN logits must not index past the table
+            ++out;
+            if (c.b == 0 && c.tid == 0) {
+                // the host reads a slot once it is no longer -1: one store, no system fence on the
+                // critical path (block 0's next phase would wait for it)
+                kog_st_relaxed_sys_s32(P->host_tokens + out - 1, token);
+                P->tok_time[out - 1] = kog_clock_ns();
+                if (P->use_penalty) atomicOr(P->rep_bits + (token >> 5), 1u << (token & 31));
+            }
+            if (DRAFTS && c.tid == 0) P->hist[pos + j] = token;  // (every block: its draft search reads it)
+            bool is_stop = false;
+            for (int i = 0; i < n_stop; ++i) is_stop |= stops[i] == token;
+            if (is_stop) reason = R_STOP;
+            else if (out == (int)P->max_tokens) reason = R_LENGTH;
+            else if (pos + j + 1 >= (int)P->ctx_limit) reason = R_CONTEXT;
+            else if (cancel) reason = R_CANCEL;
         }
-        bool is_stop = false;
-        for (int i = 0; i < n_stop; ++i) is_stop |= stops[i] == token;
-        if (is_stop) reason = R_STOP;
-        else if (step == (int)P->max_tokens - 1) reason = R_LENGTH;
-        else if (pos + 1 >= (int)P->ctx_limit) reason = R_CONTEXT;
-        else if (cancel) reason = R_CANCEL;
+        // the kept drafts before the last token are in the cache
+        fed += j - 1;
+        pos += j - 1;
         if (reason) break;
-        if (!forward(c, token, pos, greedy, xown)) {
+        if (c.tid == 0) pass_tokens[0] = token;  // (the checks above read pass_tokens[1 ..] only)
+        __syncthreads();
+        if (DRAFTS) drafted = draft_search(c, pos, pass_tokens, &draft_key);
+        if (!forward(c, pass_tokens, pos, greedy, xown)) {
             ok = false;
             break;
         }
         ++pos;
         ++fed;
+        ++passes;
     }
     if (c.b == 0 && c.tid == 0) {
         P->status[ST_OUT] = out;
         P->status[ST_FED] = fed;
         P->status[ST_REASON] = reason;
+        P->status[ST_PASSES] = passes;
         if (!ok) atomicCAS(P->status + ST_ERROR, 0, 2);
     }
     release_clock_flush(c);
@@ -466,5 +559,6 @@ extern "C" __global__ void kog_info(long long* out) {
         out[14] = DN_SPLIT;
         out[15] = HOP_COPIES;
         out[16] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
+        out[17] = NPOS;
     }
 }

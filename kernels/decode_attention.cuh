@@ -24,18 +24,17 @@ __device__ __forceinline__ float* att_cache(float* cache, const KParams* P, int 
 }
 
 // All threads of the block: cp.async the K/V rows of this round's tiles that hold older
-// positions. The V rows from the new position on are zeros instead (their K rows are never read):
-// P x V then reads every row of the tile at a fixed offset (their weights are 0, or the new
-// row's, whose product with this token's v is added after).
+// positions. The V rows from the pass's first position `pos` on are zeros instead (their K rows are never read):
+// P x V then reads every row of the tile at a fixed offset (their weights are 0, or a new
+// row's, whose product with the pass's v is added after).
 __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const float* vbase, int tile0,
-                                               int ntiles, int L, float* tiles) {
-    const int pos = L - 1;
+                                               int ntiles, int pos, float* tiles) {
     for (int q = c.tid; q < ntiles * 32 * (D / 4); q += NTHR) {
         const int k = q / (32 * (D / 4)), rem = q - k * (32 * (D / 4));
         const int r = rem / (D / 4), c4 = rem - r * (D / 4);
         const int p = (tile0 + k) * 32 + r;
         float* kt = tiles + k * TILE_F;
-        if (p < pos) {  // the new position comes from shared memory (this token's k and v)
+        if (p < pos) {  // the new positions come from shared memory (the pass's k and v)
             kog_cp_async16(kt + r * KT + 4 * c4, kbase + (long long)p * D + 4 * c4);
             kog_cp_async16(kt + 32 * KT + r * D + 4 * c4, vbase + (long long)p * D + 4 * c4);
         } else {
@@ -45,12 +44,13 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
     commit_group(c);
 }
 
-// ATT_EARLY: the unit's first round of tiles of layer l, issued ahead of its attention (forward()).
+// ATT_EARLY: the unit's first round of tiles of layer l, issued ahead of its attention (forward(); the pass's
+// positions pos .. pos + NPOS - 1).
 __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     AttUnit a;
-    if (!ATT_EARLY || !att_unit_of(c.b, pos, a)) return;  // block-uniform
+    if (!ATT_EARLY || !att_unit_of(c.b, pos + NPOS - 1, a)) return;  // block-uniform
     att_load_tiles(c, att_cache(c.P->kc, c.P, l, a.g), att_cache(c.P->vc, c.P, l, a.g), a.t0, min(TBR, a.t1 - a.t0),
-                   pos + 1, att_stage(c, 0));
+                   pos, att_stage(c, 0));
     c.st.tiles_group = c.st.groups;
 }
 
@@ -169,8 +169,9 @@ __device__ bool att_merge_whole(const Ctx& c, const kog_u64* rec, bool has, bool
 }
 
 // All threads of a unit bc of nbc > 1 (kv head g, query heads h0 ..): merge the records of the
-// heads it owns into the attention's output (HV_ATTN). `scratch`: NW * (D + 2) floats of shared memory, free here.
-__device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
+// heads it owns into the attention's output (HV_ATTN) of the pass's position p. `scratch`: NW * (D + 2) floats
+// of shared memory, free here.
+__device__ bool att_merge(const Ctx& c, int p, int g, int h0, int gh, int bc, int nbc, unsigned tag, float* scratch) {
     constexpr int RS = D + 2;  // a staged record: D values, max, sum
     const int nh = bc < gh ? (gh - 1 - bc) / nbc + 1 : 0;  // heads bc, bc + nbc, ... (block-uniform)
     if (nh == 0) return true;
@@ -179,15 +180,15 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
     const int h = h0 + bc + hi * nbc;
     if (KOG_EXP == 5) {  // timing only: publish at once, without the other units' records
         if (merging && part == 0)
-            for (int i = 0; i < DL; ++i) hop_st_tagged(c, HV_ATTN + (g * G + h) * D + lane + 32 * i, 0.f, tag);
+            for (int i = 0; i < DL; ++i) hop_st_tagged(c, HV_ATTN + p * QD + (g * G + h) * D + lane + 32 * i, 0.f, tag);
         return true;
     }
-    const int r0 = g * MAXCH * G + h;  // unit 0's record of head h (unit j's: r0 + j G)
+    const int r0 = (p * NKV + g) * MAXCH * G + h;  // unit 0's record of head h (unit j's: r0 + j G)
     const int chunk = (nbc + wph - 1) / wph, jlo = min(nbc, part * chunk), jhi = min(nbc, jlo + chunk);
     if (chunk == 1) {
         const bool has = merging && jlo < jhi;  // (a warp without a record points at unit 0's: never read)
         return att_merge_whole(c, hop_word(c, rec_at(r0 + (has ? jlo : 0) * G)), has, merging && part == 0, nbc,
-                               hop_word(c, HV_ATTN + (g * G + h) * D), tag, scratch);
+                               hop_word(c, HV_ATTN + p * QD + (g * G + h) * D), tag, scratch);
     }
     kog_u64* stage = reinterpret_cast<kog_u64*>(c.sm + ATT_T0) + c.warp * MERGE_CHW * RS;
     float o[DL], Mx = 0.f, L = 0.f;
@@ -224,83 +225,110 @@ __device__ bool att_merge(const Ctx& c, int g, int h0, int gh, int bc, int nbc, 
         for (int p = 0; p < wph; ++p)
 #pragma unroll
             for (int i = 0; i < DL; ++i) o[i] += scratch[(c.warp + p) * (D + 2) + lane + 32 * i];
-        kog_u64* const out = hop_word(c, HV_ATTN + (g * G + h) * D);
+        kog_u64* const out = hop_word(c, HV_ATTN + p * QD + (g * G + h) * D);
 #pragma unroll
         for (int i = 0; i < DL; ++i) hop_store(out + lane + 32 * i, o[i] / L, tag);
     }
     return ok;
 }
 
-// One warp's part of a tile, folded into its online softmax state (m, lsum, acc): rows sub x PP ..
-// of the tile at position base, S lanes a row (lane r + PP x s takes row r's 16-byte chunks s, s + S,
-// ..: the 8 lanes of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches
-// per row. Row jn is the new position (the last of the context) when this tile holds it: its k comes
-// from shared memory (ks), its v after the tile's rows; rows past the context get weight 0 (exact
-// zeros below).
+// One warp's part of a tile, folded into its online softmax states (m, lsum, acc: one a position of the pass):
+// rows sub x PP .. of the tile at position base, S lanes a row (lane r + PP x s takes row r's 16-byte chunks s,
+// s + S, ..: the 8 lanes of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches
+// per row. Rows from jn on are the pass's new positions pos, pos + 1, .. (the last of the context) where this
+// tile holds them: their k comes from shared memory (ks, a row a position), their v after the tile's rows;
+// position p's query (at q + p G D) sees the rows up to pos + p, rows past the context get weight 0 (exact zeros
+// below). pw: the warp's softmax weights, position p's at pw + p NW 32.
 template <int S>
 __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot, const float* q, const float* ks, const float* vs, float* pw,
-                                         int base, int sub, int L, int pos, float& m, float& lsum, float (&acc)[DL]) {
+                                         int base, int sub, int L, int pos, float (&m)[NPOS], float (&lsum)[NPOS],
+                                         float (&acc)[NPOS][DL]) {
     constexpr int PP = 32 / S;  // the warp's rows
     static_assert(S <= 8 && (D / 4) % S == 0, "a warp takes at least four rows, a lane whole 16-byte chunks");
-    const int nv = min(32, L - base), jn = pos - base < 32 ? nv - 1 : 32, p0 = sub * PP;
+    const int nv = min(32, L - base), off = pos - base, jn = min(max(off, 0), 32), p0 = sub * PP;
     if (S > 1 && p0 >= nv) return;  // warp-uniform: none of its rows is in the context
     const float* kt = tiles + kslot * TILE_F;
     const float* vt = kt + 32 * KT;
     const int r = S == 1 ? lane : lane % PP, sc = S == 1 ? 0 : lane / PP, row = p0 + r;
-    const bool valid = row < nv;
-    const float* kp = row < jn ? kt + row * KT : ks;
-    float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
+    const float* kp = row < jn ? kt + row * KT : ks + min(row - off, NPOS - 1) * D;
+    float s4[NPOS][4];  // four partial sums a position: short dependency chains
+#pragma unroll
+    for (int p = 0; p < NPOS; ++p) s4[p][0] = s4[p][1] = s4[p][2] = s4[p][3] = 0.f;
 #pragma unroll
     for (int j = 0; j < D / 4 / S; ++j) {
         const int d4 = sc + S * j;
         const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
-        const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
-        s4[j & 3] = fmaf(kv.x, qv.x, s4[j & 3]);
-        s4[j & 3] = fmaf(kv.y, qv.y, s4[j & 3]);
-        s4[j & 3] = fmaf(kv.z, qv.z, s4[j & 3]);
-        s4[j & 3] = fmaf(kv.w, qv.w, s4[j & 3]);
+#pragma unroll
+        for (int p = 0; p < NPOS; ++p) {
+            const float4 qv = *reinterpret_cast<const float4*>(q + p * G * D + 4 * d4);
+            s4[p][j & 3] = fmaf(kv.x, qv.x, s4[p][j & 3]);
+            s4[p][j & 3] = fmaf(kv.y, qv.y, s4[p][j & 3]);
+            s4[p][j & 3] = fmaf(kv.z, qv.z, s4[p][j & 3]);
+            s4[p][j & 3] = fmaf(kv.w, qv.w, s4[p][j & 3]);
+        }
     }
-    float dot = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
-    for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
-    const float sv = valid ? dot * SCALE : -KOG_INF;
-    const float mn = fmaxf(m, kog_wave_max(sv));
-    const float corr = expf(m - mn);
-    const float pe = valid ? expf(sv - mn) : 0.f;
-    lsum = lsum * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
+    for (int p = 0; p < NPOS; ++p) {
+        float dot = (s4[p][0] + s4[p][1]) + (s4[p][2] + s4[p][3]);
 #pragma unroll
-    for (int i = 0; i < DL; ++i) acc[i] *= corr;
-    m = mn;
+        for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
+        const bool valid = row < nv && (NPOS == 1 || row <= off + p);  // (causal among the pass's positions)
+        const float sv = valid ? dot * SCALE : -KOG_INF;
+        const float mn = fmaxf(m[p], kog_wave_max(sv));
+        const float corr = NPOS > 1 && mn == -KOG_INF ? 1.f : expf(m[p] - mn);  // (a position none of whose rows came yet)
+        const float pe = valid ? expf(sv - mn) : 0.f;
+        lsum[p] = lsum[p] * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
+#pragma unroll
+        for (int i = 0; i < DL; ++i) acc[p][i] *= corr;
+        m[p] = mn;
+        if (sc == 0) pw[p * NW * 32 + r] = pe;
+    }
     // P x V: the weights through shared memory (four per read), rows in order. The tile's V rows
-    // from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the new row's product
-    // comes last, as if in place: the same sums as reading it in order (but for the sign of a zero).
-    if (sc == 0) pw[r] = pe;
+    // from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the new rows' products
+    // come last, as if in place: the same sums as reading them in order (but for the sign of a zero).
     kog_wave_sync();
 #pragma unroll
     for (int j4 = 0; j4 < PP / 4; ++j4) {
-        const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
-        const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
+        float wj[NPOS][4];
+#pragma unroll
+        for (int p = 0; p < NPOS; ++p) {
+            const float4 w4 = reinterpret_cast<const float4*>(pw + p * NW * 32)[j4];
+            wj[p][0] = w4.x, wj[p][1] = w4.y, wj[p][2] = w4.z, wj[p][3] = w4.w;
+        }
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i], acc[i]);
-    }
-    if (S == 1 ? jn < 32 : jn >= p0 && jn < p0 + PP) {  // warp-uniform: the new position is among the warp's rows
-        const float wn = pw[jn - p0];
+            for (int i = 0; i < DL; ++i) {
+                const float v = vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i];
 #pragma unroll
-        for (int i = 0; i < DL; ++i) acc[i] = fmaf(wn, vs[lane + 32 * i], acc[i]);
+                for (int p = 0; p < NPOS; ++p) acc[p][i] = fmaf(wj[p][jj], v, acc[p][i]);
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < NPOS; ++j) {  // the new positions among the warp's rows (warp-uniform)
+        const int rn = off + j;
+        if (rn >= p0 && rn < p0 + PP && rn < nv) {
+#pragma unroll
+            for (int p = 0; p < NPOS; ++p) {
+                const float wn = pw[p * NW * 32 + rn - p0];
+#pragma unroll
+                for (int i = 0; i < DL; ++i) acc[p][i] = fmaf(wn, vs[j * D + lane + 32 * i], acc[p][i]);
+            }
+        }
     }
     kog_wave_sync();  // pw is rewritten next round
 }
 
+// The pass's positions pos .. pos + NPOS - 1 (DRAFTS: positions past the context's end are computed, but no cache row
+// of theirs is written, and they read the last position's RoPE row).
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int L = pos + 1;
+    const int last = pos + NPOS - 1, L = last + 1;
     AttUnit a;
-    if (!att_unit_of(c.b, pos, a)) return true;  // block-uniform: this block has no unit
+    if (!att_unit_of(c.b, last, a)) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0;
-    const bool has_new = pos / 32 < t1;  // this unit's last tile holds the new position
-    const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head appends this token's k and v to the cache
+    const bool has_new = pos / 32 < t1;  // this unit's last tile holds a new position
+    const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head (or two, the same rows) appends the pass's k and v to the cache
     const int lane = c.lane, warp = c.warp;
     // this warp's query head (of the unit's gh), tile slot and part of the tile (att_split)
     const int split = att_split(gh), hq = warp % gh, jslot = warp / gh;
@@ -308,80 +336,96 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const bool busy = ATT_SPLIT_MAX > 1 ? sub < split : kslot < TBR;
     trace_att(c, l, u, 0);
 
-    float* qs = c.sm;          // [gh][D] roped queries (room for G)
-    float* ks = qs + G * D;    // [D] this token's k (roped), v
-    float* vs = ks + D;
-    float* rec = vs + D;       // [NW][D + 2] per-warp (acc, max, sum)
-    float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
+    float* qs = c.sm;                 // [NPOS][gh][D] roped queries (room for G)
+    float* ks = qs + NPOS * G * D;    // [NPOS][D] the pass's k (roped), v
+    float* vs = ks + NPOS * D;
+    float* rec = vs + NPOS * D;       // [NPOS][NW][D + 2] per-warp (acc, max, sum)
+    float* pbuf = rec + NPOS * NW * (D + 2);  // [NPOS][NW][32] per-warp softmax weights of a tile
     float* kbase = att_cache(P->kc, P, l, g);
     float* vbase = att_cache(P->vc, P, l, g);
-    if (!ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), L, att_stage(c, 0));
+    if (!ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), pos, att_stage(c, 0));
 
-    // this token's q/k/v, straight from the tagged words the QKV phase wrote
+    // the pass's q/k/v, straight from the tagged words the QKV phase wrote
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
+    const int ctx = (int)P->ctx_limit;
     bool ok = true;
     if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
         const int row0 = warp < gh ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
-        // the rope row before the gather: its round trip then hides in the wait (at layer 0 it
-        // comes from HBM, the LM head's stream having passed: PERF.md session 21)
-        float v[DL], co[DL / 2], si[DL / 2];
+        // the rope rows before the gather: their round trip then hides in the wait (at layer 0 they
+        // come from HBM, the LM head's stream having passed: PERF.md session 21)
+        float v[NPOS][DL], co[NPOS][DL / 2], si[NPOS][DL / 2];
+        const kog_u64* src[NPOS];
 #pragma unroll
-        for (int i = 0; i < DL / 2; ++i)
-            co[i] = __ldg(P->rcos + (long long)pos * HALF + lane + 32 * i),
-            si[i] = __ldg(P->rsin + (long long)pos * HALF + lane + 32 * i);
+        for (int p = 0; p < NPOS; ++p) {
+            const long long at = (long long)(NPOS == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
+#pragma unroll
+            for (int i = 0; i < DL / 2; ++i)
+                co[p][i] = __ldg(P->rcos + at + lane + 32 * i), si[p][i] = __ldg(P->rsin + at + lane + 32 * i);
+            src[p] = hop_word(c, HV_QKV + p * NQKV + row0);
+        }
         if (KOG_EXP == 6) {  // timing only: whatever the words hold now (what the q/k/v hop costs the attention)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) v[i] = kog_value_of(kog_ld_tagged(hop_word(c, HV_QKV + row0) + lane + 32 * i));
+            for (int p = 0; p < NPOS; ++p)
+#pragma unroll
+                for (int i = 0; i < DL; ++i) v[p][i] = kog_value_of(kog_ld_tagged(src[p] + lane + 32 * i));
         } else {
-            ok = gather_tagged_lane<DL>(c, v, hop_word(c, HV_QKV + row0), epoch_qkv);
+            ok = gather_tagged_lane<DL, NPOS>(c, v, src, epoch_qkv);
         }
         trace_att(c, l, u, 1);
-        if (warp == gh + 1) {
 #pragma unroll
-            for (int i = 0; i < DL; ++i) {
-                vs[lane + 32 * i] = v[i];
-                if (writes_kv) vbase[(long long)pos * D + lane + 32 * i] = v[i];
-            }
-        } else {
+        for (int p = 0; p < NPOS; ++p) {
+            const bool keep = writes_kv && (NPOS == 1 || pos + p < ctx);  // (no cache row past the context)
+            if (warp == gh + 1) {
+#pragma unroll
+                for (int i = 0; i < DL; ++i) {
+                    vs[p * D + lane + 32 * i] = v[p][i];
+                    if (keep) vbase[(long long)(pos + p) * D + lane + 32 * i] = v[p][i];
+                }
+            } else {
 #if KOG_QK_NORM
-            const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
-            float ss = 0.f;
+                const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
+                float ss = 0.f;
 #pragma unroll
-            for (int i = 0; i < DL; ++i) ss += v[i] * v[i];
-            ss = kog_wave_sum(ss);
-            const float rn = sqrtf(ss / (float)D + EPS);
+                for (int i = 0; i < DL; ++i) ss += v[p][i] * v[p][i];
+                ss = kog_wave_sum(ss);
+                const float rn = sqrtf(ss / (float)D + EPS);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) v[i] = v[i] / rn * normw[lane + 32 * i];
+                for (int i = 0; i < DL; ++i) v[p][i] = v[p][i] / rn * normw[lane + 32 * i];
 #endif
-            float* out = warp < gh ? qs + warp * D : ks;
+                float* out = warp < gh ? qs + (p * G + warp) * D : ks + p * D;
 #pragma unroll
-            for (int i = 0; i < DL / 2; ++i) {
-                const int d = lane + 32 * i;
-                const float x1 = v[i], x2 = v[i + DL / 2];
-                out[d] = __fadd_rn(__fmul_rn(x1, co[i]), __fmul_rn(-x2, si[i]));
-                out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[i]), __fmul_rn(x1, si[i]));
-            }
-            if (warp == gh && writes_kv) {
-                kog_wave_sync();
+                for (int i = 0; i < DL / 2; ++i) {
+                    const int d = lane + 32 * i;
+                    const float x1 = v[p][i], x2 = v[p][i + DL / 2];
+                    out[d] = __fadd_rn(__fmul_rn(x1, co[p][i]), __fmul_rn(-x2, si[p][i]));
+                    out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[p][i]), __fmul_rn(x1, si[p][i]));
+                }
+                if (warp == gh && keep) {
+                    kog_wave_sync();
 #pragma unroll
-                for (int i = 0; i < DL; ++i) kbase[(long long)pos * D + lane + 32 * i] = ks[lane + 32 * i];
+                    for (int i = 0; i < DL; ++i) kbase[(long long)(pos + p) * D + lane + 32 * i] = ks[p * D + lane + 32 * i];
+                }
             }
         }
     }
     if (!__syncthreads_and(ok)) return false;
     trace_att(c, l, u, 2);
 
-    float m = -KOG_INF, lsum = 0.f, acc[DL];
+    float m[NPOS], lsum[NPOS], acc[NPOS][DL];
 #pragma unroll
-    for (int i = 0; i < DL; ++i) acc[i] = 0.f;
+    for (int p = 0; p < NPOS; ++p) {
+        m[p] = -KOG_INF, lsum[p] = 0.f;
+#pragma unroll
+        for (int i = 0; i < DL; ++i) acc[p][i] = 0.f;
+    }
     const float* q = qs + hq * D;
     for (int r0 = t0, k = 0; r0 < t1; r0 += TBR, ++k) {
         float* round_tiles = att_stage(c, k % ATT_STAGES);
         // the next round's tiles: with two stages, into the other stage now (its last reader
         // passed the barrier that ended the previous round); with one, this round's, only now
         const bool ahead = ATT_STAGES == 2 && r0 + TBR < t1;
-        if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), L, att_stage(c, (k + 1) % 2));
-        else if (ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), L, round_tiles);
+        if (ahead) att_load_tiles(c, kbase, vbase, r0 + TBR, min(TBR, t1 - r0 - TBR), pos, att_stage(c, (k + 1) % 2));
+        else if (ATT_STAGES == 1 && r0 != t0) att_load_tiles(c, kbase, vbase, r0, min(TBR, t1 - r0), pos, round_tiles);
         if (ATT_EARLY && k == 0) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.tiles_group);  // not the ring's refills
         else if (ahead) kog_cp_async_wait_pending<1>();  // all but the group just issued
         else kog_cp_async_wait_all();
@@ -389,10 +433,11 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         trace_att(c, l, u, 6);
         const int tile = r0 + kslot;
         if (busy && tile < t1 && KOG_EXP != 1) {  // warp-uniform
-            if (ATT_SPLIT_MAX >= 8 && split == 8) att_tile<8>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
-            else if (ATT_SPLIT_MAX >= 4 && split == 4) att_tile<4>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
-            else if (ATT_SPLIT_MAX >= 2 && split == 2) att_tile<2>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
-            else att_tile<1>(lane, round_tiles, kslot, q, ks, vs, pbuf + warp * 32, tile * 32, sub, L, pos, m, lsum, acc);
+            float* const pw = pbuf + warp * 32;
+            if (ATT_SPLIT_MAX >= 8 && split == 8) att_tile<8>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 4 && split == 4) att_tile<4>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 2 && split == 2) att_tile<2>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else att_tile<1>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
         }
         trace_att(c, l, u, 7);
         __syncthreads();  // the tile buffers are refilled next round
@@ -401,43 +446,54 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 
     // merge the warps of each head (fixed order: deterministic)
 #pragma unroll
-    for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
-    if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
+    for (int p = 0; p < NPOS; ++p) {
+        float* const rp = rec + p * NW * (D + 2);
+#pragma unroll
+        for (int i = 0; i < DL; ++i) rp[warp * (D + 2) + lane + 32 * i] = acc[p][i];
+        if (lane == 0) rp[warp * (D + 2) + D] = m[p], rp[warp * (D + 2) + D + 1] = lsum[p];
+    }
     __syncthreads();
     // the warps of a head with a tile slot (slots past TBR x split took no tile)
     constexpr int SLOTS_MAX = ATT_RMAX > 0 ? TBR * ATT_SPLIT_MAX : NW / G;
     const int slots = ATT_RMAX > 0 ? TBR * split : SLOTS_MAX;
     if (warp < gh) {
-        const float mw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
-        const float lw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
-        const float M = kog_wave_max(mw);
-        const float wc = lane < slots && mw > -KOG_INF ? expf(mw - M) : 0.f;
-        const float Ls = kog_wave_sum(wc * lw);
-        float o[DL];
 #pragma unroll
-        for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        for (int p = 0; p < NPOS; ++p) {
+            const float* const rp = rec + p * NW * (D + 2);
+            const float mw = lane < slots ? rp[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
+            const float lw = lane < slots ? rp[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
+            const float M = kog_wave_max(mw);
+            const float wc = lane < slots && mw > -KOG_INF ? expf(mw - M) : 0.f;
+            const float Ls = kog_wave_sum(wc * lw);
+            float o[DL];
 #pragma unroll
-        for (int j = 0; j < SLOTS_MAX; ++j) {
-            if (j >= slots) break;  // block-uniform
-            const float w = kog_shfl(wc, j);
+            for (int i = 0; i < DL; ++i) o[i] = 0.f;
 #pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
-        }
-        if (nbc == 1) {
-            kog_u64* const attn_out = hop_word(c, HV_ATTN + (g * G + h0 + warp) * D);
+            for (int j = 0; j < SLOTS_MAX; ++j) {
+                if (j >= slots) break;  // block-uniform
+                const float w = kog_shfl(wc, j);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) hop_store(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
-        } else {  // this unit's record of the head, for the units that merge
-            kog_u64* const pr = hop_word(c, rec_at((g * MAXCH + bc) * G + h0 + warp));
+                for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rp[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
+            }
+            if (nbc == 1) {
+                kog_u64* const attn_out = hop_word(c, HV_ATTN + p * QD + (g * G + h0 + warp) * D);
 #pragma unroll
-            for (int i = 0; i < DL; ++i) hop_store(pr + lane + 32 * i, o[i], epoch_qkv + 1);
-            if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
+                for (int i = 0; i < DL; ++i) hop_store(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+            } else {  // this unit's record of the head, for the units that merge
+                kog_u64* const pr = hop_word(c, rec_at(((p * NKV + g) * MAXCH + bc) * G + h0 + warp));
+#pragma unroll
+                for (int i = 0; i < DL; ++i) hop_store(pr + lane + 32 * i, o[i], epoch_qkv + 1);
+                if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
+            }
         }
     }
     if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
         trace_att(c, l, u, 4);
-        __syncthreads();  // rec was read above: the merge's partial sums go there
-        ok &= att_merge(c, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
+#pragma unroll 1
+        for (int p = 0; p < NPOS; ++p) {
+            __syncthreads();  // rec was read above (or by the position before): the merge's partial sums go there
+            ok &= att_merge(c, p, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
+        }
     }
     trace_att(c, l, u, 5);
     return __syncthreads_and(ok);
@@ -447,14 +503,15 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 // records: every block merges them as it stages O's input, each thread its own pairs of the
 // attention vector, with no warp collective (the units' hop and the merging unit's work leave the
 // attention's critical path; O's gather takes 2 x nbc words a pair instead of one).
-__device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (group) at this position
+__device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (group) where the context's last position is pos
     AttUnit a{};
     att_unit_of(0, pos, a);  // (block 0 always has a unit)
     return a.nbc;
 }
-// All threads: O's input (QD values, split layout) merged from the nbc units' records. False on timeout.
+// All threads: O's input (QD values a position, split layout at xs + p MV_X) merged from the nbc units' records.
+// False on timeout.
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
-    using T = Tagged<QD>;
+    using T = Tagged<NPOS * QD>;
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
@@ -467,8 +524,9 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) {
-                const int e = 2 * (c.tid + k * NTHR), hh = e / D, d = e - hh * D;  // query head hh, dims d, d + 1
-                const int r0 = hh / G * MAXCH * G + hh % G;  // unit 0's record (unit u's: r0 + u G)
+                const int e = 2 * (c.tid + k * NTHR), p = position_of<QD>(e), i = e - p * QD;
+                const int hh = i / D, d = i - hh * D;  // position p, query head hh, dims d, d + 1
+                const int r0 = (p * NKV + hh / G) * MAXCH * G + hh % G;  // unit 0's record (unit u's: r0 + u G)
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
                     if (u < nbc) {
@@ -497,7 +555,8 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
                         L = fmaf(wt, kog_value_of(sw[k][u].y), L);
                         o0 = fmaf(wt, kog_value_of(vw[k][u].x), o0), o1 = fmaf(wt, kog_value_of(vw[k][u].y), o1);
                     }
-                *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = make_float2(o0 / L, o1 / L);
+                const int e = 2 * (c.tid + k * NTHR), p = position_of<QD>(e);
+                *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * QD)) = make_float2(o0 / L, o1 / L);
                 pending &= ~(1u << k);
             }
         if (!kog_wave_any(pending)) break;

@@ -89,6 +89,9 @@
 #ifndef KOG_HOP_COPIES  // copies of the vectors that cross blocks: 2, one homed in each L2 partition (the hop space
 #define KOG_HOP_COPIES 2  // below; engine/backends/l2_sides.py maps them), or 1 (one copy, wherever its lines are homed)
 #endif
+#ifndef KOG_NPOS  // positions a pass: 1 the plain decode; n > 1 a pass checks n - 1 draft tokens copied from the context
+#define KOG_NPOS 1  // (greedy only; the tokens are the plain decode's: decode.cu, drafts)
+#endif
 #ifndef KOG_H  // defaults: the Llama-3.2-1B shape on a 132-SM H200 (used by the CI compile check)
 #define KOG_H 2048
 #define KOG_NH 32
@@ -115,6 +118,13 @@ constexpr int NL = KOG_NL;
 constexpr int NBLK = KOG_NBLK;
 constexpr float EPS = KOG_EPS;
 constexpr float SCALE = KOG_SCALE;
+// Positions a pass. Where NPOS > 1, every vector that crosses blocks, every product's input and sums and the
+// attention's queries come NPOS times, one per position (position p's words follow position p - 1's); a pass
+// feeds the chosen token and up to NPOS - 1 draft tokens copied from the context, and keeps the drafts up to the
+// first the model would not have chosen (decode.cu). The weights stream once a pass.
+constexpr int NPOS = KOG_NPOS;
+constexpr bool DRAFTS = NPOS > 1;
+static_assert(NPOS >= 1 && NPOS <= 8, "positions a pass");
 __host__ __device__ constexpr int cmax(int a, int b) { return a > b ? a : b; }
 __host__ __device__ constexpr int cmin(int a, int b) { return a < b ? a : b; }
 
@@ -132,7 +142,7 @@ constexpr int DL = D / KOG_WAVE;  // head dims per lane
 constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
-constexpr int ATT_TILES = ((G + 2) * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
+constexpr int ATT_TILES = (NPOS * ((G + 2) * D + NW * (D + 2) + NW * 32) + 31) / 32 * 32;  // where the K/V tiles start (floats)
 // A kv head's query heads span G x D >= 512 values (of the four shapes, Qwen2.5's 6 x 128). Several
 // measured defaults split on this (ATT_RMAX, QKV_SKIP, STASH_ATT, STASH_DN, STASH_XS): a split the
 // timings drew, not one the model explains.
@@ -284,15 +294,16 @@ __host__ __device__ constexpr int whole_chunks(int words) { return (words + HOP_
 // one chunk: q/k/v and the attention's output start on a chunk, and the records are packed whole into chunks.
 static_assert(HOP_COPIES == 1 || HOP_CHUNK % D == 0, "a head's row in one chunk (cuda.py: one copy for other head sizes)");
 constexpr int REC_PER_CHUNK = HOP_CHUNK / REC_W;
-constexpr int NREC = NKV * MAXCH * G;  // records: [kv head][unit][query head]
+constexpr int NREC = NKV * MAXCH * G;  // records of a position: [kv head][unit][query head]
+// Each vector holds NPOS positions' rows, [position][element]; SiLU(gate)*up [down's slice][position][element].
 constexpr int HV_X = 0;  // where each vector starts: the residual stream (tagged) ...
-constexpr int HV_QKV = whole_chunks(HV_X + H);
-constexpr int HV_ATTN = whole_chunks(HV_QKV + NQKV);
-constexpr int HV_PART = whole_chunks(HV_ATTN + QD);  // the attention units' records
-constexpr int HV_ACT = HV_PART + (NREC + REC_PER_CHUNK - 1) / REC_PER_CHUNK * HOP_CHUNK;  // SiLU(gate)*up
-constexpr int HV_XSUM = HV_ACT + whole_lines(INTER);  // DN_SPLIT > 1: the residual stream as summed words
-constexpr int HOP_WORDS = HV_XSUM + whole_lines(DN_SPLIT > 1 ? H : 0);
-// Record r's first word (r: (kv head x MAXCH + unit) x G + query head).
+constexpr int HV_QKV = whole_chunks(HV_X + NPOS * H);
+constexpr int HV_ATTN = whole_chunks(HV_QKV + NPOS * NQKV);
+constexpr int HV_PART = whole_chunks(HV_ATTN + NPOS * QD);  // the attention units' records
+constexpr int HV_ACT = HV_PART + (NPOS * NREC + REC_PER_CHUNK - 1) / REC_PER_CHUNK * HOP_CHUNK;  // SiLU(gate)*up
+constexpr int HV_XSUM = HV_ACT + whole_lines(NPOS * INTER);  // DN_SPLIT > 1: the residual stream as summed words
+constexpr int HOP_WORDS = HV_XSUM + whole_lines(DN_SPLIT > 1 ? NPOS * H : 0);
+// Record r's first word (r: ((position x NKV + kv head) x MAXCH + unit) x G + query head).
 __host__ __device__ constexpr int rec_at(int r) { return HV_PART + r / REC_PER_CHUNK * HOP_CHUNK + r % REC_PER_CHUNK * REC_W; }
 constexpr int HOP_CHUNKS = (HOP_WORDS + HOP_CHUNK - 1) / HOP_CHUNK;
 constexpr int MAXSTOP = 64;         // stop ids at most
@@ -323,7 +334,8 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // input vector is 8 registers of bytes, as a bf16 row's is 8 of floats; short rows in pairs, MLM8).
 // By shape, rows of at least 1,536 values: after a screened head SmolLM2's weight copies issue slower for
 // the whole token, for a reason not yet known (PERF.md v42-v44, session 38).
-constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
+// (Not yet with drafts: a pass screens one position.)
+constexpr bool LM_SCREEN = !DRAFTS && (KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0);
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
 // small fp32 vectors per layer
@@ -343,7 +355,7 @@ constexpr int VPAD = (VOCAB + 7) / 8 * 8;
 constexpr float FIX = 1099511627776.0f;  // 2^40: probabilities as exact-sum fixed point
 
 // ---- status words ------------------------------------------------------------------------
-enum { ST_ERROR = 0, ST_OUT = 1, ST_FED = 2, ST_REASON = 3, ST_APPROX = 4, ST_WHERE = 5, ST_BLOCK = 6 };
+enum { ST_ERROR = 0, ST_OUT = 1, ST_FED = 2, ST_REASON = 3, ST_APPROX = 4, ST_WHERE = 5, ST_BLOCK = 6, ST_PASSES = 7 };
 enum { ERR_TIMEOUT = 1, ERR_BAD_ARGS = 3 };
 enum { R_STOP = 1, R_LENGTH = 2, R_CONTEXT = 3, R_CANCEL = 4 };
 enum { DEBUG_HANG = 1, DEBUG_FAULT = 2 };  // the tests' failure knobs (Params::debug)
@@ -374,6 +386,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     int* host_tokens;
     const int* host_cancel;
     kog_u64* tok_time;
+    int* hist;  // DRAFTS: the context's tokens, the prompt's from the host, the pass's kept tokens from the kernel
     long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug,
         use_penalty;
     double temperature, top_p, min_p, penalty;
@@ -456,7 +469,8 @@ static_assert(!LM_SCREEN || MLM8::NSEG <= (H / 16 + 63) / 64, "the host's t_r co
 // Sized for the longest input (H, QD, or down's DN_K columns of SiLU(gate)*up); where gate/up's
 // extra stash granule is wanted (STASH_XS: it lives in the gaps O's and gate/up's inputs leave), for
 // all of SiLU(gate)*up. The room a short region frees goes to the stash (STASH_FIT).
-constexpr bool XS_WANTED = KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && !WIDE_KV_GROUP);
+// Where NPOS > 1, the region holds NPOS such inputs, position p's at p MV_X (no gaps taken).
+constexpr bool XS_WANTED = !DRAFTS && (KOG_STASH_XS == 1 || (KOG_STASH_XS < 0 && !WIDE_KV_GROUP));
 constexpr int MV_X = cmax(cmax(H, QD), XS_WANTED ? INTER : DN_K);  // a multiple of 8: the sums after it start on 16 bytes
 static_assert(cmax(cmax(H, QD), DN_K) <= MV_X && MV_X % 8 == 0, "every product's input fits the input region");
 constexpr int XHALF = MV_X / 2;
@@ -536,13 +550,14 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
 // (LM_SCREEN: the warps' input maxima and sums of squares after the int8 rows' sums)
-constexpr int MV_RED = cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + 2 * NW : 0);
-constexpr int SM_MV = (MV_X + MV_RED + 3) / 4 * 4;                 // floats
+constexpr int MV_RED = (cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + 2 * NW : 0) + 3) / 4 * 4;
+constexpr int SM_MV = (NPOS * (MV_X + MV_RED) + 3) / 4 * 4;       // floats: NPOS inputs, then NPOS sums (MV_RED apart)
 // The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
 // while the block still waits for its QKV input and runs the QKV product (att_prefetch; with
 // ATT_EARLY_AT 3, while it runs the layer before's gate/up and down too).
-constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0;
+// (Not with drafts: NPOS products' inputs and sums leave no room past them.)
+constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0 && !DRAFTS;
 static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
 constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats

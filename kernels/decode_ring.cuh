@@ -210,6 +210,8 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 // M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
 // (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
 // written to red as a float.
+// NPOS > 1: position p's input at xs + p MV_X, its sums at red + p MV_RED; the inputs are read from shared
+// memory (NPOS positions' inputs would not fit the registers).
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
     // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
@@ -219,7 +221,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
     static_assert(KOG_PRODUCT_WARPS == 0 || (KOG_EXP == 10 && !STASH && KOG_PRODUCT_WARPS <= NW),
                   "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
-    constexpr bool X_IN_REGS = NWP % M::NSEG == 0;
+    constexpr bool X_IN_REGS = NWP % M::NSEG == 0 && (NPOS == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
@@ -292,21 +294,26 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                 for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
             }
 #endif
-            float d[M::U];
 #pragma unroll
-            for (int i = 0; i < M::U; ++i) {
-                const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-                d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
-                     : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xs, col), xs_hi(xs, col)) : 0.f;
-            }
-            float acc = d[0];
+            for (int p = 0; p < NPOS; ++p) {
+                const float* const xp = xs + p * MV_X;
+                float d[M::U];
 #pragma unroll
-            for (int i = 1; i < M::U; ++i) acc += d[i];
-            if (M::LANE_SUMS) {
-                red[g * LANE_STRIDE + c.lane] = acc;
-            } else {
-                acc = kog_wave_sum(acc);
-                if (c.lane == 0) red[g] = acc;
+                for (int i = 0; i < M::U; ++i) {
+                    const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
+                    d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
+                         : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xp, col), xs_hi(xp, col)) : 0.f;
+                }
+                float acc = d[0];
+#pragma unroll
+                for (int i = 1; i < M::U; ++i) acc += d[i];
+                float* const rp = red + p * MV_RED;
+                if (M::LANE_SUMS) {
+                    rp[g * LANE_STRIDE + c.lane] = acc;
+                } else {
+                    acc = kog_wave_sum(acc);
+                    if (c.lane == 0) rp[g] = acc;
+                }
             }
         }
         if (g + NWP >= ngran) trace_mv(c, MAT, 7);  // its math is done (its refill next)

@@ -36,8 +36,9 @@ __device__ __forceinline__ void best_wave(Best& x) {
         if (better(ov, oi, x.v, x.i)) x.v = ov, x.i = oi;
     }
 }
-// greedy: (penalized value, index); sampling: (key as float bits ignored) -> we keep the key max
-__device__ void publish_block_best(const Ctx& c, Best x) {
+// greedy: (penalized value, index); sampling: (key as float bits ignored) -> we keep the key max.
+// Position p of the pass (DRAFTS) publishes in slot p NBLK + b.
+__device__ void publish_block_best(const Ctx& c, Best x, int p = 0) {
     best_wave(x);
     float* sv = c.red16;
     int* si = c.sint + 8;
@@ -47,19 +48,19 @@ __device__ void publish_block_best(const Ctx& c, Best x) {
         Best y = {sv[0], si[0]};
         for (int w = 1; w < NW; ++w)
             if (better(sv[w], si[w], y.v, y.i)) y.v = sv[w], y.i = si[w];
-        c.P->slot_val[c.b] = y.v;
-        c.P->slot_idx[c.b] = y.i;
+        c.P->slot_val[p * NBLK + c.b] = y.v;
+        c.P->slot_idx[p * NBLK + c.b] = y.i;
     }
     __syncthreads();
 }
 
-// One wave: the best (value, index) over every block's published candidate.
-__device__ Best gather_best(const Ctx& c) {
+// One wave: the best (value, index) over every block's published candidate (of position p).
+__device__ Best gather_best(const Ctx& c, int p = 0) {
     Best x = {-KOG_INF, 0x7fffffff};
 #pragma unroll
     for (int j = c.lane; j < NBLK; j += KOG_WAVE) {
-        const float v = kog_ldcg(c.P->slot_val + j);
-        const int i = kog_ldcg_s32(c.P->slot_idx + j);
+        const float v = kog_ldcg(c.P->slot_val + p * NBLK + j);
+        const int i = kog_ldcg_s32(c.P->slot_idx + p * NBLK + j);
         if (better(v, i, x.v, x.i)) x.v = v, x.i = i;
     }
     best_wave(x);

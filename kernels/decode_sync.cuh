@@ -259,17 +259,20 @@ __device__ __forceinline__ float sum_float(long long v) { return (float)v * (1.0
 __device__ __forceinline__ kog_u64 sum_add(long long d) { return (1ull << 56) + (kog_u64)d; }  // one add of d
 // What a summed word reads after `layers` layers of this launch: O and every slice add once a layer.
 __device__ __forceinline__ unsigned sum_tag(int layers) { return (unsigned)(layers * (DN_SPLIT + 1)) & 255u; }
-// The block's rows of the residual stream (O's rows) in fixed point, as its last norm read them:
-// O's owners add their change against this value.
-__shared__ long long kog_xfix[MO::MAXR];
+// The block's rows of the residual stream (O's rows) in fixed point, as its last norm read them, a row of
+// them a position: O's owners add their change against this value.
+__shared__ long long kog_xfix[NPOS][MO::MAXR];
+// Element e of NPOS positions' vectors of n elements each ([position][element]): its position.
+template <int n>
+__device__ __forceinline__ int position_of(int e) { return NPOS == 1 ? 0 : e / n; }
 struct SumWord {  // how a consumer reads a summed word
     __device__ static long long fixed(kog_u64 w) { return (long long)(w << 8) >> 8; }
     __device__ static unsigned tag(kog_u64 w) { return (unsigned)((w + (1ull << 55)) >> 56); }
     __device__ static float value(kog_u64 w) { return sum_float(fixed(w)); }
-    // element e of the vector was read as w: the block's own rows keep their exact value
+    // element e of the NPOS positions' streams was read as w: the block's own rows keep their exact value
     __device__ static void seen(int e, kog_u64 w, int b) {
-        const int r = e - MO::row0(b);
-        if (r >= 0 && r < MO::row1(b) - MO::row0(b)) kog_xfix[r] = fixed(w);
+        const int p = position_of<H>(e), r = e - p * H - MO::row0(b);
+        if (r >= 0 && r < MO::row1(b) - MO::row0(b)) kog_xfix[p][r] = fixed(w);
     }
 };
 
@@ -372,93 +375,131 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned ta
     return true;
 }
 
-// One thread: n values at src[STRIDE i] (words of a row, in one chunk) once they carry `tag` (every load of a
-// round in flight together; every lane of the wave calls it, as every tagged wait: see poll_again).
-template <int n, int STRIDE>
-__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
-    unsigned pending = (1u << n) - 1;
+// One thread: n values at src[r][STRIDE i] of each of R rows (words of a row in one chunk; the rows anywhere)
+// once they carry `tag` (every load of a round in flight together; every lane of the wave calls it, as every
+// tagged wait: see poll_again).
+template <int n, int STRIDE, int R>
+__device__ bool gather_tagged_strided(const Ctx& c, float (&v)[R][n], const kog_u64* const (&src)[R], unsigned tag) {
+    static_assert(R * n <= 32, "a pending bit a word");
+    unsigned pending = 0xffffffffu >> (32 - R * n);
     kog_u64 t0 = 0;
     for (int it = 1;; ++it) {
-        kog_u64 w[n];
+        kog_u64 w[R][n];
 #pragma unroll
-        for (int i = 0; i < n; ++i)
-            if ((pending >> i) & 1u) w[i] = kog_ld_tagged(src + STRIDE * i);
+        for (int r = 0; r < R; ++r)
 #pragma unroll
-        for (int i = 0; i < n; ++i)
-            if (((pending >> i) & 1u) && tag_ready(w[i], tag)) {
-                v[i] = kog_value_of(w[i]);
-                pending &= ~(1u << i);
-            }
+            for (int i = 0; i < n; ++i)
+                if ((pending >> (r * n + i)) & 1u) w[r][i] = kog_ld_tagged(src[r] + STRIDE * i);
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int i = 0; i < n; ++i)
+                if (((pending >> (r * n + i)) & 1u) && tag_ready(w[r][i], tag)) {
+                    v[r][i] = kog_value_of(w[r][i]);
+                    pending &= ~(1u << (r * n + i));
+                }
         if (!kog_wave_any(pending)) break;
         if (!poll_again(c, it, t0, tag)) return false;
     }
     return true;
 }
 
-// One lane: n values at src[lane + 32 i] (a row) once they carry `tag`.
+// One lane: n values at src[r][lane + 32 i] of each of R rows once they carry `tag`.
+template <int n, int R>
+__device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[R][n], const kog_u64* const (&src)[R], unsigned tag) {
+    const kog_u64* rows[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) rows[r] = src[r] + c.lane;
+    return gather_tagged_strided<n, KOG_WAVE, R>(c, v, rows, tag);
+}
 template <int n>
 __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], const kog_u64* src, unsigned tag) {
-    return gather_tagged_strided<n, KOG_WAVE>(c, v, src + c.lane, tag);
+    const kog_u64* const rows[1] = {src};
+    return gather_tagged_lane<n, 1>(c, reinterpret_cast<float (&)[1][n]>(v), rows, tag);
 }
 
-// RMSNorm of the residual stream (tagged or summed words W at hop word src, or an embedding row at layer 0)
-// into shared memory (the split layout of xs_index); `traced` names it for trace_norm.
+// RMSNorm of the residual stream (tagged or summed words W at hop word src: NPOS positions' rows, or the
+// embedding rows of the pass's tokens at layer 0) into shared memory (position p's in the split layout of
+// xs_index at xs + p MV_X); `traced` names it for trace_norm.
 template <class W = TagWord>
-__device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const unsigned short* emb_row,
-                           const float* w, int traced = NORM_UNTRACED) {
-    using T = Tagged<H>;
+__device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const int* tokens, const float* w,
+                           int traced = NORM_UNTRACED) {
+    using T = Tagged<NPOS * H>;
     T x;
     bool ok = true;
     trace_norm(c, traced, 0);
-    if (emb_row) {
+    if (tokens) {
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if (T::has(c.tid, k)) {
-                const unsigned e = __ldg(reinterpret_cast<const unsigned*>(emb_row) + c.tid + k * NTHR);
-                x.v[k] = make_float2(kog_bf16_lo(e), kog_bf16_hi(e));
+                const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+                const unsigned short* const row = c.P->w + OFF_EMB + (long long)tokens[p] * H;
+                const unsigned v = __ldg(reinterpret_cast<const unsigned*>(row + e - p * H));
+                x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
             }
     } else {
-        ok = gather_tagged<H, W>(c, x, src, tag);
+        ok = gather_tagged<NPOS * H, W>(c, x, src, tag);
     }
     trace_norm(c, traced, 1);
     float2 g[T::NV];
-    float ss = 0.f;
+    float ss[NPOS];
+#pragma unroll
+    for (int p = 0; p < NPOS; ++p) ss[p] = 0.f;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (T::has(c.tid, k)) {
-            g[k] = __ldg(reinterpret_cast<const float2*>(w) + c.tid + k * NTHR);
-            ss += x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+            g[k] = __ldg(reinterpret_cast<const float2*>(w + e - p * H));
+            const float s2 = x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
+#pragma unroll
+            for (int q = 0; q < NPOS; ++q) ss[q] += q == p ? s2 : 0.f;
         }
-    // the wave sum before the barrier: the wave left its poll loop as one (PERF.md session 30)
-    ss = kog_wave_sum(ss);
-    if (c.lane == 0) c.red16[c.warp] = ss;
+    // the wave sums before the barrier: the wave left its poll loop as one (PERF.md session 30)
+#pragma unroll
+    for (int p = 0; p < NPOS; ++p) {
+        ss[p] = kog_wave_sum(ss[p]);
+        if (c.lane == 0) c.red16[p * NW + c.warp] = ss[p];
+    }
     if (!__syncthreads_and(ok)) return false;
     trace_norm(c, traced, 2);
-    ss = 0.f;
+    float r[NPOS];
 #pragma unroll
-    for (int i = 0; i < NW; ++i) ss += c.red16[i];  // (the staging barrier below guards red16's reuse)
+    for (int p = 0; p < NPOS; ++p) {
+        float sp = 0.f;
+#pragma unroll
+        for (int i = 0; i < NW; ++i) sp += c.red16[p * NW + i];  // (the staging barrier below guards red16's reuse)
+        // one reciprocal square root and a multiply an element (as transformers does), not a square root
+        // and a division: they sit between the input's arrival and the product (PERF.md v36)
+        r[p] = rsqrtf(sp / (float)H + EPS);
+    }
     trace_norm(c, traced, 3);
-    // one reciprocal square root and a multiply an element (as transformers does), not a square root
-    // and a division: they sit between the input's arrival and the product (PERF.md v36)
-    const float r = rsqrtf(ss / (float)H + EPS);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k))
-            *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) =
-                make_float2(x.v[k].x * r * g[k].x, x.v[k].y * r * g[k].y);
+        if (T::has(c.tid, k)) {
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+            float rp = r[0];
+#pragma unroll
+            for (int q = 1; q < NPOS; ++q) rp = q == p ? r[q] : rp;
+            *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * H)) =
+                make_float2(x.v[k].x * rp * g[k].x, x.v[k].y * rp * g[k].y);
+        }
     __syncthreads();
     trace_norm(c, traced, 4);
     return true;
 }
 
-// A tagged N-vector (at hop word src) into shared memory (split layout).
+// NPOS positions' tagged N-vectors (at hop word src, [position][element]) into shared memory (position p's in
+// the split layout at xs + p MV_X).
 template <int N>
 __device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
-    using T = Tagged<N>;
+    using T = Tagged<NPOS * N>;
     T x;
-    const bool ok = gather_tagged<N>(c, x, src, tag);
+    const bool ok = gather_tagged<NPOS * N>(c, x, src, tag);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = x.v[k];
+        if (T::has(c.tid, k)) {
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<N>(e);
+            *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * N)) = x.v[k];
+        }
     return __syncthreads_and(ok);
 }

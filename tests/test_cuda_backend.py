@@ -40,6 +40,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_count() == 0, reason="nee
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from bench.lookup_acceptance import passes as lookup_passes  # noqa: E402
 from bench.random_models import SHAPES, build_hf, loaded_model, random_prompt  # noqa: E402
 from engine.backends.cpu import CpuBackend  # noqa: E402
 from engine.backends.cuda import CudaBackend  # noqa: E402
@@ -271,6 +272,50 @@ def test_greedy_matches_cpu_reference(model):
         row = _hf_logits(model["hf"], model["prompt"] + toks[:same], PROMPT + same - 1)[0]
         margin = abs(float(row[toks[same]] - row[ref[same]]))
         assert margin <= TIE * float(row.std()), f"diverged from the CPU at step {same} (margin {margin:.3g})"
+
+
+DRAFT_POSITIONS = 5  # a drafted pass: the chosen token and four drafts
+
+
+def _decode_with_drafts(gpu: CudaBackend, positions: int, prompt: list[int], n: int, stops: set[int]):
+    """A greedy decode from a fresh prefill of `prompt`, `positions` positions a pass: (tokens, status, cached)."""
+    gpu.draft_positions = positions
+    try:
+        _fresh(gpu, prompt)
+        toks = list(gpu.decode(GREEDY, prompt, n, stops))
+    finally:
+        gpu.draft_positions = 1
+    assert gpu.last_status["error"] == 0
+    return toks, gpu.last_status, gpu.cached_tokens
+
+
+def test_drafts_keep_the_plain_tokens(model):
+    """A pass over the chosen token and up to four drafts copied from the context yields the plain decode's
+    greedy tokens (up to a near-tie of transformers' logits), leaves the same cache, and takes exactly the
+    passes the draft rule predicts from them: on the fixture's random prompt, on a prompt that repeats
+    itself, and with a stop id met inside a pass."""
+    gpu, lm, hf = model["gpu"], model["lm"], model["hf"]
+    half = random_prompt(lm.config.vocab_size, PROMPT // 2, model["rng"])
+    for what, prompt in (("random", model["prompt"]), ("repeated", half + half)):
+        plain, _, cached_plain = _decode_with_drafts(gpu, 1, prompt, N_GEN, set())
+        toks, st, cached = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, set())
+        passes = lookup_passes(prompt + toks[:1], toks[1:], DRAFT_POSITIONS - 1, 4)[0]  # (the first token: prefill's)
+        kept = len(toks) - 1 - passes
+        print(f"  drafts, {what} prompt: {len(toks)} tokens in {st['passes']} passes ({kept} drafts kept); "
+              f"cached {cached} vs plain {cached_plain}")
+        assert st["passes"] == passes
+        same = next((i for i, (a, b) in enumerate(zip(toks, plain)) if a != b), None)
+        if same is None:
+            assert len(toks) == len(plain) == N_GEN and cached == cached_plain
+        else:  # accepted only at a near-tie (fp32 summation order: a pass's attention units may differ)
+            row = _hf_logits(hf, prompt + toks[:same], len(prompt) + same - 1)[0]
+            margin = abs(float(row[toks[same]] - row[plain[same]]))
+            assert margin <= TIE * float(row.std()), f"{what}: drafts parted from the plain decode at {same}"
+    stop = plain[N_GEN // 2]  # (the last run's tokens: the repeated prompt)
+    first = plain.index(stop)
+    toks, st, cached = _decode_with_drafts(gpu, DRAFT_POSITIONS, half + half, N_GEN, {stop})
+    assert toks == plain[: first + 1] and st["reason"] == 1
+    assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
 
 
 def test_sampler_matches_reference(model):

@@ -1,8 +1,9 @@
 """Every kernel source compiles for sm_90 with nvcc (CI, no GPU needed); registers and spills are printed.
 
 The decode kernel compiles with its default shape (Llama-3.2-1B on 132 multiprocessors), with the
-shape of every model in models.toml, as the runtime NVRTC build would, on a 32-block grid, and as the
-traced build of bench/decode_breakdown.py.
+shape of every model in models.toml, as the runtime NVRTC build would, on a 32-block grid, as the
+traced build of bench/decode_breakdown.py, and as the drafts' build (five positions a pass) of the
+shapes the GPU tests check.
 """
 
 from __future__ import annotations
@@ -41,10 +42,14 @@ LLAMA_32 = SHAPES["llama-3.2-1b-instruct"] | {"KOG_NBLK": "32"}
 # The traced build bench/decode_breakdown.py makes (its stamps are compiled out of every other build).
 TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 
+# The drafts' build (engine/backends/cuda.py draft_positions): five positions a pass.
+DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
+                                                      "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b")}
+
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
-         + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)])
+         + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)] + [("decode.cu", d) for d in DRAFTS.values()])
 IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
-       + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"])
+       + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"] + [f"decode.cu[{n}-drafts]" for n in DRAFTS])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

@@ -24,6 +24,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,7 @@ from engine import rope
 from engine.backends import cuda_fault
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
-from engine.backends.l2_sides import CHUNK_WORDS, hop_space
+from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
 from engine.backends.token_wait import follow
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -41,17 +42,30 @@ from engine.sampling import SamplingParams
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 NBINS = 1024
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
+MAX_POSITIONS = 8  # positions a drafted pass checks at most (kernels: NPOS)
 _NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
 _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DEBUG_HANG, DEBUG_FAULT)
 
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
     "w ws kc vc rcos rsin hop hop_map sm_side logits keys bins hist_cnt hist_mass slot_val slot_idx "
-    "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time"
+    "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time hist"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
+
+
+@dataclass
+class _DecodeKernel:
+    """One build of the decode kernel: the plain decode's, or the drafts' (kernels: NPOS)."""
+
+    module: object
+    function: object
+    info: dict
+    smem: int
+    occupancy: int
+    hop: HopSpace  # its hop space (its size depends on the positions a pass)
 
 
 class Layout:
@@ -193,15 +207,22 @@ class CudaBackend(Backend):
     weight_bytes = 2  # bf16
     kv_bytes = 4  # fp32 cache: exact agreement with the reference first; bf16 is a later option
 
-    def __init__(self, model, max_context: int, *, defines: dict[str, str] | None = None,
+    def __init__(self, model, max_context: int, *, draft_positions: int = 1, defines: dict[str, str] | None = None,
                  kernel_dir: Path | None = None, nvrtc_options: tuple[str, ...] = ()):
-        """`defines` (extra kernel macros), `kernel_dir` (another version of kernels/, whose
-        parameter block matches this file's) and `nvrtc_options` (extra options for the decode
-        kernel, such as -lineinfo for a profiler): for experiments (bench/) only."""
+        """`draft_positions` > 1: a greedy decode without a repetition penalty checks up to
+        draft_positions - 1 draft tokens copied from the context in each pass (a second build of the
+        kernel, made on first use; the tokens are the plain decode's). `defines` (extra kernel macros),
+        `kernel_dir` (another version of kernels/, whose parameter block matches this file's) and
+        `nvrtc_options` (extra options for the decode kernel, such as -lineinfo for a profiler): for
+        experiments (bench/) only."""
         super().__init__(model.config, max_context)
         self._extra_defines = dict(defines or {})
         self._kernel_dir = kernel_dir or KERNEL_DIR
         self._nvrtc_options = tuple(nvrtc_options)
+        if not 1 <= draft_positions <= MAX_POSITIONS:
+            raise KogError(f"draft positions must be 1 to {MAX_POSITIONS}, got {draft_positions}")
+        self.draft_positions = draft_positions
+        self._drafts: _DecodeKernel | None = None  # its build, made on first use
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -247,39 +268,49 @@ class CudaBackend(Backend):
 
     def _load_modules(self) -> None:
         cp = self.cp
-        dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
         pre = compile_kernels("prefill.cu", {}, self.arch)
-        try:
-            self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
-            self.k_decode = self.mod.get_function("kog_decode")
-        except Exception as e:  # a stale or broken cache entry: rebuild once
-            dec.unlink(missing_ok=True)
-            dec = compile_kernels("decode.cu", self._defines(), self.arch, self._kernel_dir, self._nvrtc_options)
-            try:
-                self.mod = cp.RawModule(path=str(dec), enable_cooperative_groups=True)
-                self.k_decode = self.mod.get_function("kog_decode")
-            except Exception:
-                raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
         self.l2mod = cp.RawModule(path=str(compile_kernels("l2_sides.cu", {}, self.arch)))
-        info = cp.zeros(17, dtype=cp.int64)
-        self.mod.get_function("kog_info")((1,), (32,), (info,))
+        main = self._decode_kernel(self._defines())
+        self.mod, self.k_decode, self.kernel_info, self.smem = main.module, main.function, main.info, main.smem
+        self.occupancy, self._main = main.occupancy, main
+        if self.kernel_info["lm_screen"]:
+            self.lay.add_lm_screen(self.config)
+            self.greedy_bytes_saved = self.config.vocab_size * self.config.hidden_size  # bf16 rows -> int8
+
+    def _decode_kernel(self, defines: dict[str, str]) -> _DecodeKernel:
+        """A build of kernels/decode.cu, checked against this file's parameter block and layout."""
+        cp = self.cp
+
+        def load(path: Path):
+            mod = cp.RawModule(path=str(path), enable_cooperative_groups=True)
+            return mod, mod.get_function("kog_decode")
+
+        dec = compile_kernels("decode.cu", defines, self.arch, self._kernel_dir, self._nvrtc_options)
+        try:
+            mod, fn = load(dec)
+        except Exception as e:  # a stale or broken cache entry: rebuild once
+            dec.unlink(missing_ok=True)
+            dec = compile_kernels("decode.cu", defines, self.arch, self._kernel_dir, self._nvrtc_options)
+            try:
+                mod, fn = load(dec)
+            except Exception:
+                raise KogError(f"cannot load the decode kernel: {type(e).__name__}: {e}") from None
+        info = cp.zeros(18, dtype=cp.int64)
+        mod.get_function("kog_info")((1,), (32,), (info,))
         info = info.get()
-        self.kernel_info = {
+        k = {
             "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "hop_words": int(info[11]),
             "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
-            "hop_copies": int(info[15]), "lm_screen": bool(info[16]),
+            "hop_copies": int(info[15]), "lm_screen": bool(info[16]), "positions": int(info[17]),
         }
-        if self.kernel_info["lm_screen"]:
-            self.lay.add_lm_screen(self.config)
-            self.greedy_bytes_saved = self.config.vocab_size * self.config.hidden_size  # bf16 rows -> int8
-        self.smem = self.kernel_info["smem"]
-        self.k_decode.max_dynamic_shared_size_bytes = self.smem
+        smem = k["smem"]
+        fn.max_dynamic_shared_size_bytes = smem
         want = len(_PTR_FIELDS + _INT_FIELDS + _FLOAT_FIELDS) * 8
-        k, lay = self.kernel_info, self.lay
+        lay = self.lay
         mine = (lay.lstride, lay.off_emb, lay.off_lmh, lay.sstride, lay.s_final, want, self.nblk, NBINS)
         theirs = (k["lstride"], k["off_emb"], k["off_lmh"], k["sstride"], k["s_final"], k["params_bytes"],
                   k["nblk"], k["nbins"])
@@ -289,15 +320,26 @@ class CudaBackend(Backend):
         try:
             from cupy_backends.cuda.api import driver
 
-            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(self.k_decode.kernel.ptr, self.nthr, self.smem)
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, self.nthr, smem)
         except Exception:  # noqa: BLE001 - the cooperative launch checks co-residency as well
             per_sm = 1
         if per_sm < 1:
             raise KogError(
                 f"the decode kernel cannot keep one block on every multiprocessor "
-                f"({self.k_decode.num_regs} registers, {self.smem} bytes shared memory)"
+                f"({fn.num_regs} registers, {smem} bytes shared memory)"
             )
-        self.occupancy = per_sm
+        # the vectors that cross blocks, as tagged words (phase << 32 | fp32 bits) and summed words, placed by L2
+        # partition (kernels: the hop space); zeroed per launch
+        hop = hop_space(cp, self.l2mod, k["hop_words"], k["hop_copies"], self.nsm)
+        return _DecodeKernel(module=mod, function=fn, info=k, smem=smem, occupancy=per_sm, hop=hop)
+
+    def _drafts_kernel(self) -> _DecodeKernel:
+        """The build that checks drafts (kernels: NPOS), made on first use."""
+        if self._drafts is None:
+            with self.device, self.stream:
+                self._drafts = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions)})
+            self.stream.synchronize()
+        return self._drafts
 
     def _launch1d(self, kernel, n: int, args) -> None:
         blocks = int(min(max(1, (n + 255) // 256), 65535))
@@ -374,17 +416,14 @@ class CudaBackend(Backend):
         V = c.vocab_size
         vpad = (V + 7) // 8 * 8
         f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
-        # the vectors that cross blocks, as tagged words (phase << 32 | fp32 bits) and summed words, placed by L2
-        # partition (kernels: the hop space); zeroed per launch
-        k = self.kernel_info
-        self.hop = hop_space(cp, self.l2mod, k["hop_words"], k["hop_copies"], self.nsm)
+        self.hop = self._main.hop
         self.logits = f32(V)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
         self.hist_cnt = cp.zeros(NBINS, dtype=cp.uint32)
         self.hist_mass = cp.zeros(NBINS, dtype=cp.uint64)
-        self.slot_val = f32(self.nblk)
-        self.slot_idx = cp.zeros(self.nblk, dtype=cp.int32)
+        self.slot_val = f32(MAX_POSITIONS * self.nblk)  # a block's best row, a slot a position of a pass
+        self.slot_idx = cp.zeros(MAX_POSITIONS * self.nblk, dtype=cp.int32)
         self.flags = cp.zeros(self.kernel_info["flags"], dtype=cp.uint32)
         self.ctl = cp.zeros(4, dtype=cp.int32)
         self.status = cp.zeros(8, dtype=cp.int32)
@@ -392,6 +431,7 @@ class CudaBackend(Backend):
         self.stop_ids = cp.zeros(self.kernel_info["max_stop"], dtype=cp.int32)
         cap = self.max_context + 1
         self.tok_time = cp.zeros(cap, dtype=cp.uint64)
+        self.hist = cp.zeros(cap, dtype=cp.int32)  # the context's tokens, for the drafts' search
         self._pin = cp.cuda.alloc_pinned_memory(4 * (cap + 16))
         pinned = np.frombuffer(self._pin, dtype=np.int32, count=cap + 16)
         self.h_tokens = pinned[:cap]  # -1 until the kernel writes the token
@@ -446,10 +486,11 @@ class CudaBackend(Backend):
             self.h_cancel[0] = 1
 
     # ---- decode --------------------------------------------------------------------------
-    def _fill_params(self, params: SamplingParams, max_tokens: int, n_stop: int, use_penalty: bool,
-                     debug: str, timeout_s: float) -> None:
-        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel, "hop": self.hop.arena.data.ptr,
-                "hop_map": self.hop.hop_map.data.ptr, "sm_side": self.hop.sm_side.data.ptr}
+    def _fill_params(self, kernel: _DecodeKernel, params: SamplingParams, max_tokens: int, n_stop: int,
+                     use_penalty: bool, debug: str, timeout_s: float) -> None:
+        hop = kernel.hop
+        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel, "hop": hop.arena.data.ptr,
+                "hop_map": hop.hop_map.data.ptr, "sm_side": hop.sm_side.data.ptr}
         ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
         ints = {
             "start_pos": self.cached_tokens,
@@ -501,7 +542,11 @@ class CudaBackend(Backend):
         if len(stops) > self.stop_ids.size:
             raise KogError(f"at most {self.stop_ids.size} stop ids are supported, got {len(stops)}")
         use_penalty = params.repetition_penalty != 1.0 and len(history) > 0
+        drafted = self.draft_positions > 1 and params.greedy and not use_penalty
+        kernel = self._drafts_kernel() if drafted else self._main
         start = self.cached_tokens
+        if drafted and len(history) < start:
+            raise KogError("drafts need every cached token of the context in `history`")
         with self._lock, self.device, self.stream:
             if stops:
                 self.stop_ids[: len(stops)].set(np.asarray(stops, dtype=np.int32), stream=self.stream)
@@ -511,13 +556,15 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
-            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, self.hop.arena):
+            if drafted and start:
+                self.hist[:start].set(np.asarray(history[:start], dtype=np.int32), stream=self.stream)
+            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, kernel.hop.arena):
                 a.fill(0)
-            self._fill_params(params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
+            self._fill_params(kernel, params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
             try:
-                self.k_decode((self.nblk,), (self.nthr,), (self.params,), shared_mem=self.smem, stream=self.stream)
+                kernel.function((self.nblk,), (self.nthr,), (self.params,), shared_mem=kernel.smem, stream=self.stream)
             except Exception as e:  # noqa: BLE001 - a launch refused (co-residency, resources)
                 raise KogError(f"cannot launch the decode kernel: {type(e).__name__}: {e}") from None
             done = cp.cuda.Event(block=False, disable_timing=True)
@@ -537,7 +584,7 @@ class CudaBackend(Backend):
                 raise self._fault(e) from None
             self.last_status = {
                 "error": int(st[0]), "tokens": int(st[1]), "fed": int(st[2]), "reason": int(st[3]),
-                "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]),
+                "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]), "passes": int(st[7]),
             }
             if st[0]:
                 self.cached_tokens = start
@@ -545,8 +592,9 @@ class CudaBackend(Backend):
             else:
                 self.cached_tokens = start + int(st[2])
                 self.token_times_ns = self.tok_time[: int(st[1])].get()
-                # a screened LM head leaves no logits behind: the next decode starts from a prefill
-                self.logits_valid = not (self.kernel_info["lm_screen"] and params.greedy and not use_penalty)
+                # a screened LM head or a drafted pass leaves no logits behind: the next decode starts from a prefill
+                screened = self.kernel_info["lm_screen"] and params.greedy and not use_penalty
+                self.logits_valid = not (screened or drafted)
         if st[0]:
             what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
             raise KogError(
