@@ -232,17 +232,15 @@ __device__ bool att_merge(const Ctx& c, int p, int g, int h0, int gh, int bc, in
     return ok;
 }
 
-// One warp's part of a tile, folded into its online softmax states (m, lsum, acc: one a position of the pass):
-// rows sub x PP .. of the tile at position base, S lanes a row (lane r + PP x s takes row r's 16-byte chunks s,
-// s + S, ..: the 8 lanes of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches
-// per row. Rows from jn on are the pass's new positions pos, pos + 1, .. (the last of the context) where this
-// tile holds them: their k comes from shared memory (ks, a row a position), their v after the tile's rows;
-// position p's query (at q + p G D) sees the rows up to pos + p, rows past the context get weight 0 (exact zeros
-// below). pw: the warp's softmax weights, position p's at pw + p NW 32.
+// One warp's part of a tile, folded into its online softmax state (m, lsum, acc): rows sub x PP .. of the
+// tile at position base, S lanes a row (lane r + PP x s takes row r's 16-byte chunks s, s + S, ..: the 8 lanes
+// of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches per row. Rows from jn
+// on are the pass's new positions pos, pos + 1, .. where this tile holds them: their k comes from shared memory
+// (ks, a row a position), their v after the tile's rows. The query's context ends at L - 1 (the unit's position):
+// rows past it get weight 0 (exact zeros below).
 template <int S>
 __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot, const float* q, const float* ks, const float* vs, float* pw,
-                                         int base, int sub, int L, int pos, float (&m)[NPOS], float (&lsum)[NPOS],
-                                         float (&acc)[NPOS][DL]) {
+                                         int base, int sub, int L, int pos, float& m, float& lsum, float (&acc)[DL]) {
     constexpr int PP = 32 / S;  // the warp's rows
     static_assert(S <= 8 && (D / 4) % S == 0, "a warp takes at least four rows, a lane whole 16-byte chunks");
     const int nv = min(32, L - base), off = pos - base, jn = min(max(off, 0), 32), p0 = sub * PP;
@@ -250,85 +248,69 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
     const float* kt = tiles + kslot * TILE_F;
     const float* vt = kt + 32 * KT;
     const int r = S == 1 ? lane : lane % PP, sc = S == 1 ? 0 : lane / PP, row = p0 + r;
+    const bool valid = row < nv;
     const float* kp = row < jn ? kt + row * KT : ks + min(row - off, NPOS - 1) * D;
-    float s4[NPOS][4];  // four partial sums a position: short dependency chains
-#pragma unroll
-    for (int p = 0; p < NPOS; ++p) s4[p][0] = s4[p][1] = s4[p][2] = s4[p][3] = 0.f;
+    float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
 #pragma unroll
     for (int j = 0; j < D / 4 / S; ++j) {
         const int d4 = sc + S * j;
         const float4 kv = *reinterpret_cast<const float4*>(kp + 4 * d4);
-#pragma unroll
-        for (int p = 0; p < NPOS; ++p) {
-            const float4 qv = *reinterpret_cast<const float4*>(q + p * G * D + 4 * d4);
-            s4[p][j & 3] = fmaf(kv.x, qv.x, s4[p][j & 3]);
-            s4[p][j & 3] = fmaf(kv.y, qv.y, s4[p][j & 3]);
-            s4[p][j & 3] = fmaf(kv.z, qv.z, s4[p][j & 3]);
-            s4[p][j & 3] = fmaf(kv.w, qv.w, s4[p][j & 3]);
-        }
+        const float4 qv = *reinterpret_cast<const float4*>(q + 4 * d4);
+        s4[j & 3] = fmaf(kv.x, qv.x, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.y, qv.y, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.z, qv.z, s4[j & 3]);
+        s4[j & 3] = fmaf(kv.w, qv.w, s4[j & 3]);
     }
+    float dot = (s4[0] + s4[1]) + (s4[2] + s4[3]);
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) {
-        float dot = (s4[p][0] + s4[p][1]) + (s4[p][2] + s4[p][3]);
+    for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
+    const float sv = valid ? dot * SCALE : -KOG_INF;
+    const float mn = fmaxf(m, kog_wave_max(sv));
+    const float corr = NPOS > 1 && mn == -KOG_INF ? 1.f : expf(m - mn);  // (a unit none of whose rows is in the query's context yet)
+    const float pe = valid ? expf(sv - mn) : 0.f;
+    lsum = lsum * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
 #pragma unroll
-        for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
-        const bool valid = row < nv && (NPOS == 1 || row <= off + p);  // (causal among the pass's positions)
-        const float sv = valid ? dot * SCALE : -KOG_INF;
-        const float mn = fmaxf(m[p], kog_wave_max(sv));
-        const float corr = NPOS > 1 && mn == -KOG_INF ? 1.f : expf(m[p] - mn);  // (a position none of whose rows came yet)
-        const float pe = valid ? expf(sv - mn) : 0.f;
-        lsum[p] = lsum[p] * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
-#pragma unroll
-        for (int i = 0; i < DL; ++i) acc[p][i] *= corr;
-        m[p] = mn;
-        if (sc == 0) pw[p * NW * 32 + r] = pe;
-    }
+    for (int i = 0; i < DL; ++i) acc[i] *= corr;
+    m = mn;
     // P x V: the weights through shared memory (four per read), rows in order. The tile's V rows
     // from jn on are zeros (att_load_tiles), so each adds exactly 0 there and the new rows' products
     // come last, as if in place: the same sums as reading them in order (but for the sign of a zero).
+    if (sc == 0) pw[r] = pe;
     kog_wave_sync();
 #pragma unroll
     for (int j4 = 0; j4 < PP / 4; ++j4) {
-        float wj[NPOS][4];
-#pragma unroll
-        for (int p = 0; p < NPOS; ++p) {
-            const float4 w4 = reinterpret_cast<const float4*>(pw + p * NW * 32)[j4];
-            wj[p][0] = w4.x, wj[p][1] = w4.y, wj[p][2] = w4.z, wj[p][3] = w4.w;
-        }
+        const float4 w4 = reinterpret_cast<const float4*>(pw)[j4];
+        const float wj[4] = {w4.x, w4.y, w4.z, w4.w};
 #pragma unroll
         for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) {
-                const float v = vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i];
-#pragma unroll
-                for (int p = 0; p < NPOS; ++p) acc[p][i] = fmaf(wj[p][jj], v, acc[p][i]);
-            }
+            for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i], acc[i]);
     }
 #pragma unroll
-    for (int j = 0; j < NPOS; ++j) {  // the new positions among the warp's rows (warp-uniform)
+    for (int j = 0; j < NPOS; ++j) {  // the new positions in the query's context among the warp's rows (warp-uniform)
         const int rn = off + j;
         if (rn >= p0 && rn < p0 + PP && rn < nv) {
+            const float wn = pw[rn - p0];
 #pragma unroll
-            for (int p = 0; p < NPOS; ++p) {
-                const float wn = pw[p * NW * 32 + rn - p0];
-#pragma unroll
-                for (int i = 0; i < DL; ++i) acc[p][i] = fmaf(wn, vs[j * D + lane + 32 * i], acc[p][i]);
-            }
+            for (int i = 0; i < DL; ++i) acc[i] = fmaf(wn, vs[j * D + lane + 32 * i], acc[i]);
         }
     }
     kog_wave_sync();  // pw is rewritten next round
 }
 
-// The pass's positions pos .. pos + NPOS - 1 (DRAFTS: positions past the context's end are computed, but no cache row
-// of theirs is written, and they read the last position's RoPE row).
+// The pass's positions pos .. pos + NPOS - 1: this block's unit (if any) runs one of them (DRAFTS: positions past
+// the context's end are computed, but no cache row of theirs is written, and they read the last position's RoPE row).
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int last = pos + NPOS - 1, L = last + 1;
+    const int last = pos + NPOS - 1;
     AttUnit a;
     if (!att_unit_of(c.b, last, a)) return true;  // block-uniform: this block has no unit
-    const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0;
+    const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0, qp = a.p;
+    const int L = pos + qp + 1;  // the unit's query position is L - 1
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds a new position
-    const bool writes_kv = h0 == 0;  // (with has_new) one unit per kv head (or two, the same rows) appends the pass's k and v to the cache
+    // (with has_new) one unit per kv head appends the pass's k and v to the cache: the last position's, whose
+    // context holds every new row (two units where the new rows span two: the same rows)
+    const bool writes_kv = h0 == 0 && qp == NPOS - 1;
     const int lane = c.lane, warp = c.warp;
     // this warp's query head (of the unit's gh), tile slot and part of the tile (att_split)
     const int split = att_split(gh), hq = warp % gh, jslot = warp / gh;
@@ -336,74 +318,83 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const bool busy = ATT_SPLIT_MAX > 1 ? sub < split : kslot < TBR;
     trace_att(c, l, u, 0);
 
-    float* qs = c.sm;                 // [NPOS][gh][D] roped queries (room for G)
-    float* ks = qs + NPOS * G * D;    // [NPOS][D] the pass's k (roped), v
+    float* qs = c.sm;             // [gh][D] roped queries (room for G)
+    float* ks = qs + G * D;       // [NPOS][D] the pass's k (roped), v
     float* vs = ks + NPOS * D;
-    float* rec = vs + NPOS * D;       // [NPOS][NW][D + 2] per-warp (acc, max, sum)
-    float* pbuf = rec + NPOS * NW * (D + 2);  // [NPOS][NW][32] per-warp softmax weights of a tile
+    float* rec = vs + NPOS * D;   // [NW][D + 2] per-warp (acc, max, sum)
+    float* pbuf = rec + NW * (D + 2);  // [NW][32] per-warp softmax weights of a tile
     float* kbase = att_cache(P->kc, P, l, g);
     float* vbase = att_cache(P->vc, P, l, g);
     if (!ATT_EARLY) att_load_tiles(c, kbase, vbase, t0, min(TBR, t1 - t0), pos, att_stage(c, 0));
 
-    // the pass's q/k/v, straight from the tagged words the QKV phase wrote
+    // the pass's q/k/v, straight from the tagged words the QKV phase wrote: the unit's position's q, every
+    // position's k and v
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
     const int ctx = (int)P->ctx_limit;
+    constexpr int KVR = NPOS;  // k / v rows a warp gathers
     bool ok = true;
     if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
-        const int row0 = warp < gh ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
+        const bool is_q = warp < gh;
+        const int row0 = is_q ? q0 + (h0 + warp) * D : (warp == gh ? k0 : v0);
         // the rope rows before the gather: their round trip then hides in the wait (at layer 0 they
         // come from HBM, the LM head's stream having passed: PERF.md session 21)
-        float v[NPOS][DL], co[NPOS][DL / 2], si[NPOS][DL / 2];
-        const kog_u64* src[NPOS];
+        float v[KVR][DL], co[KVR][DL / 2], si[KVR][DL / 2];
+        const kog_u64* src[KVR];
 #pragma unroll
-        for (int p = 0; p < NPOS; ++p) {
+        for (int j = 0; j < KVR; ++j) {
+            if (is_q && j > 0) break;  // (warp-uniform: a query warp takes its position's row)
+            const int p = is_q ? qp : j;
             const long long at = (long long)(NPOS == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
 #pragma unroll
             for (int i = 0; i < DL / 2; ++i)
-                co[p][i] = __ldg(P->rcos + at + lane + 32 * i), si[p][i] = __ldg(P->rsin + at + lane + 32 * i);
-            src[p] = hop_word(c, HV_QKV + p * NQKV + row0);
+                co[j][i] = __ldg(P->rcos + at + lane + 32 * i), si[j][i] = __ldg(P->rsin + at + lane + 32 * i);
+            src[j] = hop_word(c, HV_QKV + p * NQKV + row0);
         }
         if (KOG_EXP == 6) {  // timing only: whatever the words hold now (what the q/k/v hop costs the attention)
 #pragma unroll
-            for (int p = 0; p < NPOS; ++p)
+            for (int j = 0; j < KVR; ++j)
 #pragma unroll
-                for (int i = 0; i < DL; ++i) v[p][i] = kog_value_of(kog_ld_tagged(src[p] + lane + 32 * i));
+                for (int i = 0; i < DL; ++i)
+                    if (!is_q || j == 0) v[j][i] = kog_value_of(kog_ld_tagged(src[j] + lane + 32 * i));
+        } else if (KVR == 1 || is_q) {
+            ok = gather_tagged_lane<DL>(c, v[0], src[0], epoch_qkv);
         } else {
-            ok = gather_tagged_lane<DL, NPOS>(c, v, src, epoch_qkv);
+            ok = gather_tagged_lane<DL, KVR>(c, v, src, epoch_qkv);
         }
         trace_att(c, l, u, 1);
 #pragma unroll
-        for (int p = 0; p < NPOS; ++p) {
-            const bool keep = writes_kv && (NPOS == 1 || pos + p < ctx);  // (no cache row past the context)
+        for (int j = 0; j < KVR; ++j) {
+            if (is_q && j > 0) break;  // (warp-uniform)
+            const bool keep = writes_kv && (NPOS == 1 || pos + j < ctx);  // (no cache row past the context)
             if (warp == gh + 1) {
 #pragma unroll
                 for (int i = 0; i < DL; ++i) {
-                    vs[p * D + lane + 32 * i] = v[p][i];
-                    if (keep) vbase[(long long)(pos + p) * D + lane + 32 * i] = v[p][i];
+                    vs[j * D + lane + 32 * i] = v[j][i];
+                    if (keep) vbase[(long long)(pos + j) * D + lane + 32 * i] = v[j][i];
                 }
             } else {
 #if KOG_QK_NORM
-                const float* normw = P->ws + (long long)l * SSTRIDE + (warp < gh ? S_QNORM : S_KNORM);
+                const float* normw = P->ws + (long long)l * SSTRIDE + (is_q ? S_QNORM : S_KNORM);
                 float ss = 0.f;
 #pragma unroll
-                for (int i = 0; i < DL; ++i) ss += v[p][i] * v[p][i];
+                for (int i = 0; i < DL; ++i) ss += v[j][i] * v[j][i];
                 ss = kog_wave_sum(ss);
                 const float rn = sqrtf(ss / (float)D + EPS);
 #pragma unroll
-                for (int i = 0; i < DL; ++i) v[p][i] = v[p][i] / rn * normw[lane + 32 * i];
+                for (int i = 0; i < DL; ++i) v[j][i] = v[j][i] / rn * normw[lane + 32 * i];
 #endif
-                float* out = warp < gh ? qs + (p * G + warp) * D : ks + p * D;
+                float* out = is_q ? qs + warp * D : ks + j * D;
 #pragma unroll
                 for (int i = 0; i < DL / 2; ++i) {
                     const int d = lane + 32 * i;
-                    const float x1 = v[p][i], x2 = v[p][i + DL / 2];
-                    out[d] = __fadd_rn(__fmul_rn(x1, co[p][i]), __fmul_rn(-x2, si[p][i]));
-                    out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[p][i]), __fmul_rn(x1, si[p][i]));
+                    const float x1 = v[j][i], x2 = v[j][i + DL / 2];
+                    out[d] = __fadd_rn(__fmul_rn(x1, co[j][i]), __fmul_rn(-x2, si[j][i]));
+                    out[d + HALF] = __fadd_rn(__fmul_rn(x2, co[j][i]), __fmul_rn(x1, si[j][i]));
                 }
                 if (warp == gh && keep) {
                     kog_wave_sync();
 #pragma unroll
-                    for (int i = 0; i < DL; ++i) kbase[(long long)(pos + p) * D + lane + 32 * i] = ks[p * D + lane + 32 * i];
+                    for (int i = 0; i < DL; ++i) kbase[(long long)(pos + j) * D + lane + 32 * i] = ks[j * D + lane + 32 * i];
                 }
             }
         }
@@ -411,13 +402,9 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     if (!__syncthreads_and(ok)) return false;
     trace_att(c, l, u, 2);
 
-    float m[NPOS], lsum[NPOS], acc[NPOS][DL];
+    float m = -KOG_INF, lsum = 0.f, acc[DL];
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) {
-        m[p] = -KOG_INF, lsum[p] = 0.f;
-#pragma unroll
-        for (int i = 0; i < DL; ++i) acc[p][i] = 0.f;
-    }
+    for (int i = 0; i < DL; ++i) acc[i] = 0.f;
     const float* q = qs + hq * D;
     for (int r0 = t0, k = 0; r0 < t1; r0 += TBR, ++k) {
         float* round_tiles = att_stage(c, k % ATT_STAGES);
@@ -446,54 +433,43 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 
     // merge the warps of each head (fixed order: deterministic)
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) {
-        float* const rp = rec + p * NW * (D + 2);
-#pragma unroll
-        for (int i = 0; i < DL; ++i) rp[warp * (D + 2) + lane + 32 * i] = acc[p][i];
-        if (lane == 0) rp[warp * (D + 2) + D] = m[p], rp[warp * (D + 2) + D + 1] = lsum[p];
-    }
+    for (int i = 0; i < DL; ++i) rec[warp * (D + 2) + lane + 32 * i] = acc[i];
+    if (lane == 0) rec[warp * (D + 2) + D] = m, rec[warp * (D + 2) + D + 1] = lsum;
     __syncthreads();
     // the warps of a head with a tile slot (slots past TBR x split took no tile)
     constexpr int SLOTS_MAX = ATT_RMAX > 0 ? TBR * ATT_SPLIT_MAX : NW / G;
     const int slots = ATT_RMAX > 0 ? TBR * split : SLOTS_MAX;
     if (warp < gh) {
+        const float mw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
+        const float lw = lane < slots ? rec[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
+        const float M = kog_wave_max(mw);
+        const float wc = lane < slots && mw > -KOG_INF ? expf(mw - M) : 0.f;
+        const float Ls = kog_wave_sum(wc * lw);
+        float o[DL];
 #pragma unroll
-        for (int p = 0; p < NPOS; ++p) {
-            const float* const rp = rec + p * NW * (D + 2);
-            const float mw = lane < slots ? rp[(lane * gh + warp) * (D + 2) + D] : -KOG_INF;
-            const float lw = lane < slots ? rp[(lane * gh + warp) * (D + 2) + D + 1] : 0.f;
-            const float M = kog_wave_max(mw);
-            const float wc = lane < slots && mw > -KOG_INF ? expf(mw - M) : 0.f;
-            const float Ls = kog_wave_sum(wc * lw);
-            float o[DL];
+        for (int i = 0; i < DL; ++i) o[i] = 0.f;
 #pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] = 0.f;
+        for (int j = 0; j < SLOTS_MAX; ++j) {
+            if (j >= slots) break;  // block-uniform
+            const float w = kog_shfl(wc, j);
 #pragma unroll
-            for (int j = 0; j < SLOTS_MAX; ++j) {
-                if (j >= slots) break;  // block-uniform
-                const float w = kog_shfl(wc, j);
+            for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rec[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
+        }
+        if (nbc == 1) {
+            kog_u64* const attn_out = hop_word(c, HV_ATTN + qp * QD + (g * G + h0 + warp) * D);
 #pragma unroll
-                for (int i = 0; i < DL; ++i) o[i] = fmaf(w, rp[(j * gh + warp) * (D + 2) + lane + 32 * i], o[i]);
-            }
-            if (nbc == 1) {
-                kog_u64* const attn_out = hop_word(c, HV_ATTN + p * QD + (g * G + h0 + warp) * D);
+            for (int i = 0; i < DL; ++i) hop_store(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
+        } else {  // this unit's record of the head, for the units that merge
+            kog_u64* const pr = hop_word(c, rec_at(((qp * NKV + g) * MAXCH + bc) * G + h0 + warp));
 #pragma unroll
-                for (int i = 0; i < DL; ++i) hop_store(attn_out + lane + 32 * i, o[i] / Ls, epoch_qkv + 1);
-            } else {  // this unit's record of the head, for the units that merge
-                kog_u64* const pr = hop_word(c, rec_at(((p * NKV + g) * MAXCH + bc) * G + h0 + warp));
-#pragma unroll
-                for (int i = 0; i < DL; ++i) hop_store(pr + lane + 32 * i, o[i], epoch_qkv + 1);
-                if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
-            }
+            for (int i = 0; i < DL; ++i) hop_store(pr + lane + 32 * i, o[i], epoch_qkv + 1);
+            if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
         }
     }
     if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
         trace_att(c, l, u, 4);
-#pragma unroll 1
-        for (int p = 0; p < NPOS; ++p) {
-            __syncthreads();  // rec was read above (or by the position before): the merge's partial sums go there
-            ok &= att_merge(c, p, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
-        }
+        __syncthreads();  // rec was read above: the merge's partial sums go there
+        ok &= att_merge(c, qp, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
     }
     trace_att(c, l, u, 5);
     return __syncthreads_and(ok);

@@ -142,7 +142,7 @@ constexpr int DL = D / KOG_WAVE;  // head dims per lane
 constexpr int MAXCH = NBLK / NKV;  // attention block-units per kv head at most
 constexpr int KT = D + 4;          // padded row of the shared K tile (conflict-free float4 rows)
 constexpr int TILE_F = 32 * KT + 32 * D;  // floats of one K/V tile in shared memory
-constexpr int ATT_TILES = (NPOS * ((G + 2) * D + NW * (D + 2) + NW * 32) + 31) / 32 * 32;  // where the K/V tiles start (floats)
+constexpr int ATT_TILES = (G * D + 2 * NPOS * D + NW * (D + 2) + NW * 32 + 31) / 32 * 32;  // where the K/V tiles start (floats)
 // A kv head's query heads span G x D >= 512 values (of the four shapes, Qwen2.5's 6 x 128). Several
 // measured defaults split on this (ATT_RMAX, QKV_SKIP, STASH_ATT, STASH_DN, STASH_XS): a split the
 // timings drew, not one the model explains.
@@ -156,8 +156,9 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 // Where a kv head's tiles span 2 .. CM_MAX units, no unit merges the records: every block merges
 // them as it stages O's input (stage_attn_merged, decode_attention.cuh). Only where a thread
 // stages one pair of O's input: SmolLM2 (QD 576) gained +3.7% at a 32-token prompt and +3.9% at
-// 160 with 3; with 5 it lost 2.5%, and Llama lost 12.6% with 3 (spills; PERF.md session 32).
-constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
+// 160 with 3; with 5 it lost 2.5%, and Llama lost 12.6% with 3 (spills; PERF.md session 32). (So not
+// where a pass takes several positions: a thread then stages several pairs.)
+constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : NPOS * QD <= 2 * NTHR ? 3 : 0;
 // Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
 __host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
 // Words of one (unit, query head) record of the attention (at HV_PART): D values, the max and the sum.
@@ -188,17 +189,21 @@ constexpr int ATT_SPLIT_MAX = KOG_ATT_SPLIT > 0 ? cmin(pow2_floor(KOG_ATT_SPLIT)
 // (a constant where no split applies, so that those shapes' code is the unsplit one)
 __device__ __forceinline__ int att_split(int gh) { return ATT_SPLIT_MAX == 1 ? 1 : cmin(ATT_SPLIT_MAX, pow2_floor(NW / (gh * TBR))); }
 
-// ---- the attention's plan: which blocks run which (kv head, query heads, tiles) -----------
+// ---- the attention's plan: which blocks run which (position, kv head, query heads, tiles) ----
+// Each of a pass's NPOS positions has its own units (a unit runs one query position, as the plain decode's), so
+// that a pass's attention spreads over NPOS times the blocks.
 __host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, int& tpu) {
-    const int want = cmin((ntile + TBR - 1) / TBR, NBLK / NKV);
+    const int want = cmin((ntile + TBR - 1) / TBR, NBLK / (NKV * NPOS));
     tpu = (ntile + want - 1) / want;  // tiles per block-unit
     return (ntile + tpu - 1) / tpu;   // no empty unit
 }
 
-struct AttUnit {  // a block's attention unit for one token: kv head g, its query heads h0 .. h0 + gh - 1, unit bc of nbc, tiles [t0, t1)
-    int g, h0, gh, bc, nbc, t0, t1;
+struct AttUnit {  // a block's attention unit for one pass: the pass's position p, kv head g, its query heads h0 .. h0 + gh - 1,
+    int p, g, h0, gh, bc, nbc, t0, t1;  // unit bc of nbc, tiles [t0, t1)
 };
-// Block b's unit when the token sits at position pos; false where the block has none. While the
+// Block b's unit when the pass's last position is pos (every position's units take the tiles of the
+// last's plan; a position's query reads those of its rows that are in its context); false where the block
+// has none. While the
 // context is short (ATT_RMAX), a kv head's query heads are split over several blocks, the most
 // groups whose units take at most ATT_RMAX rounds of tiles and fit the grid: each block then
 // runs fewer (head, tile) pairs, and its units need no merge where one unit covers every tile.
@@ -210,12 +215,14 @@ __host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, A
         const int want = ((ntile + TBR - 1) / TBR + RMAX - 1) / RMAX;  // units per (kv head, group)
 #pragma unroll
         for (int h = G; h > 1; --h)
-            if (groups == 1 && G % h == 0 && NKV * h * want <= NBLK) groups = h;
+            if (groups == 1 && G % h == 0 && NPOS * NKV * h * want <= NBLK) groups = h;
         if (groups > 1) tpu = (ntile + want - 1) / want, a.nbc = (ntile + tpu - 1) / tpu;
     }
     if (groups == 1) a.nbc = att_units_per_head(ntile, tpu);
-    const int per_g = groups * a.nbc;
-    if (b >= NKV * per_g) return false;
+    const int per_g = groups * a.nbc, per_p = NKV * per_g;
+    if (b >= NPOS * per_p) return false;
+    a.p = NPOS == 1 ? 0 : b / per_p;
+    b -= a.p * per_p;
     a.g = b / per_g;
     const int r = b - a.g * per_g, hg = groups > 1 ? r / a.nbc : 0;
     a.bc = r - hg * a.nbc;
@@ -232,7 +239,7 @@ __host__ __device__ constexpr int att_min_blocks() {
     for (int t = 1; t <= TBR * cmax(ATT_RMAX, 1) * NBLK; ++t) {
         AttUnit a{};
         att_unit_of(0, 32 * (t - 1), a);  // block 0 always has a unit; its group holds nbc of them
-        least = cmin(least, NKV * (G / a.gh) * a.nbc);
+        least = cmin(least, NPOS * NKV * (G / a.gh) * a.nbc);
     }
     return least;
 }

@@ -326,44 +326,45 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
     __device__ static bool has(int tid, int k) { return tid + k * NTHR < N2; }
 };
 
-// Every thread: its pairs of the tagged N-vector at hop word src, once they carry `tag` (all loads of
-// a round in flight together; a round re-reads only what was not ready). False on timeout.
-template <int N, class W = TagWord>
-__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
+// Every thread: its pairs K0 .. K0 + NK - 1 of the tagged N-vector at hop word src, once they carry `tag` (all
+// loads of a round in flight together; a round re-reads only what was not ready). False on timeout.
+template <int N, class W, int K0, int NK>
+__device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
     using T = Tagged<N>;
     unsigned pending = 0;
 #pragma unroll
-    for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) pending |= 1u << k;
+    for (int k = 0; k < NK; ++k)
+        if (T::has(c.tid, K0 + k)) pending |= 1u << k;
     kog_u64 t0 = 0;
     kog_u64* const hop = c.P->hop;
     for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
-        ulonglong2 w[T::NV];
+        ulonglong2 w[NK];
 #pragma unroll
-        for (int k = 0; k < T::NV; ++k)
-            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(hop, src + 2 * (c.tid + k * NTHR)));
-        const auto take = [&](int k) {  // pair k is ready: its values out
-            out.v[k] = make_float2(W::value(w[k].x), W::value(w[k].y));
-            W::seen(2 * (c.tid + k * NTHR), w[k].x, c.b), W::seen(2 * (c.tid + k * NTHR) + 1, w[k].y, c.b);
+        for (int k = 0; k < NK; ++k)
+            if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(hop, src + 2 * (c.tid + (K0 + k) * NTHR)));
+        const auto take = [&](int k) {  // pair K0 + k is ready: its values out
+            const int e = 2 * (c.tid + (K0 + k) * NTHR);
+            out.v[K0 + k] = make_float2(W::value(w[k].x), W::value(w[k].y));
+            W::seen(e, w[k].x, c.b), W::seen(e + 1, w[k].y, c.b);
         };
         // Two words per thread: first one test over both, which needs both loads, then the words'
         // own checks. Without it ptxas put the first word's check between the two loads (Qwen2.5,
         // SmolLM2's act: two round trips per round); with it, nvcc 13 keeps the loads together on
         // the four shapes (bench/sass_audit.py). Three words per thread were together already, and
         // the test there only cost spills.
-        constexpr bool FIRST_ALL = T::NV == 2;
+        constexpr bool FIRST_ALL = NK == 2;
         unsigned stale = 0;
 #pragma unroll
-        for (int k = 0; k < T::NV; ++k)
+        for (int k = 0; k < NK; ++k)
             if (FIRST_ALL && ((pending >> k) & 1u)) stale |= (W::tag(w[k].x) ^ tag) | (W::tag(w[k].y) ^ tag);
         if (KOG_EXP == 4 || (FIRST_ALL && stale == 0)) {
 #pragma unroll
-            for (int k = 0; k < T::NV; ++k)
+            for (int k = 0; k < NK; ++k)
                 if ((pending >> k) & 1u) take(k);
             pending = 0;
         } else {
 #pragma unroll
-            for (int k = 0; k < T::NV; ++k)
+            for (int k = 0; k < NK; ++k)
                 if (((pending >> k) & 1u) && tag_ready<W>(w[k].x, tag) && tag_ready<W>(w[k].y, tag)) {
                     take(k);
                     pending &= ~(1u << k);
@@ -373,6 +374,23 @@ __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned ta
         if (!poll_again(c, it, t0, tag)) return false;
     }
     return true;
+}
+
+// Pairs in flight a thread at most: a longer vector (NPOS positions' rows) is gathered GATHER_PAIRS pairs at a
+// time, so that its loads do not crowd the registers (each run after the first mostly finds its words ready:
+// one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6).
+constexpr int GATHER_PAIRS = 6;
+template <int N, class W, int K0>
+__device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
+    constexpr int NK = cmin(GATHER_PAIRS, Tagged<N>::NV - K0);
+    if (!gather_tagged_run<N, W, K0, NK>(c, out, src, tag)) return false;
+    if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, K0 + NK>(c, out, src, tag);
+    return true;
+}
+// Every thread: its pairs of the tagged N-vector at hop word src, once they carry `tag`. False on timeout.
+template <int N, class W = TagWord>
+__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
+    return gather_tagged_from<N, W, 0>(c, out, src, tag);
 }
 
 // One thread: n values at src[r][STRIDE i] of each of R rows (words of a row in one chunk; the rows anywhere)

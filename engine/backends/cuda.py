@@ -337,7 +337,9 @@ class CudaBackend(Backend):
         """The build that checks drafts (kernels: NPOS), made on first use."""
         if self._drafts is None:
             with self.device, self.stream:
-                self._drafts = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions)})
+                # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
+                self._drafts = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions),
+                                                                      "KOG_DN_SPLIT": str(self.kernel_info["dn_split"])})
             self.stream.synchronize()
         return self._drafts
 
