@@ -58,17 +58,20 @@ __device__ __forceinline__ void run_filler_code(const Ctx& c) {
 // ---- one pass through the model: a token, or NPOS positions (DRAFTS) ---------------------
 using XOwn = float[NPOS][MO::MAXR];  // this block's rows of the residual stream, a row of them a position
 
+// Item i of a loop over the pass's positions' rows, n rows a position, taken position-major by all threads (so
+// that a product's epilogue keeps NPOS times the threads busy): its position; its row is i - position x n.
+__device__ __forceinline__ int item_position(int i, int n) { return NPOS == 1 ? 0 : i / n; }
+
 // The block's rows of an H-row product (O, down) into its slice of the residual stream, which
 // every block then reads as tagged words of the next phase.
 template <class M>
 __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, XOwn& xown) {
     const int r0 = M::row0(c.b), nr = M::row0(c.b + 1) - r0;
-#pragma unroll
-    for (int p = 0; p < NPOS; ++p)
-        for (int r = c.tid; r < nr; r += NTHR) {
-            xown[p][r] += mv_result<M>(red + p * MV_RED, r);
-            hop_st_tagged(c, HV_X + p * H + r0 + r, xown[p][r], c.epoch + 1);
-        }
+    for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
+        const int p = item_position(i, nr), r = i - p * nr;
+        xown[p][r] += mv_result<M>(red + p * MV_RED, r);
+        hop_st_tagged(c, HV_X + p * H + r0 + r, xown[p][r], c.epoch + 1);
+    }
 }
 
 // DN_SPLIT > 1: O's rows of the residual stream, kept in fixed point (kog_xfix), published twice:
@@ -80,15 +83,18 @@ static_assert(NQKV >= NBLK - QKV_SKIP, "every block reads the stream before its 
 __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const XOwn& xown, int l) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
     const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
-#pragma unroll
-    for (int p = 0; p < NPOS; ++p)
-        for (int r = c.tid; r < nr; r += NTHR) {
-            const long long x0 = l == 0 ? sum_fixed(xown[p][r], SUM_X_MAX) : kog_xfix[p][r];
-            const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red + p * MV_RED, r), SUM_X_MAX), -XMAX), XMAX);
-            hop_st_tagged(c, HV_X + p * H + r0 + r, sum_float(x), c.epoch + 1);
-            hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(x - kog_xfix[p][r]));
-            kog_xfix[p][r] = x;
+    for (int i = c.tid; i < NPOS * nr; i += NTHR) {
+        const int p = item_position(i, nr), r = i - p * nr;
+        if (p >= pass_positions(c)) {  // (a position past the pass's: its words still count every add, of 0)
+            hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(0));
+            continue;
         }
+        const long long x0 = l == 0 ? sum_fixed(xown[p][r], SUM_X_MAX) : kog_xfix[p][r];
+        const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red + p * MV_RED, r), SUM_X_MAX), -XMAX), XMAX);
+        hop_st_tagged(c, HV_X + p * H + r0 + r, sum_float(x), c.epoch + 1);
+        hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(x - kog_xfix[p][r]));
+        kog_xfix[p][r] = x;
+    }
 }
 
 // Word j of SiLU(gate)*up of the pass's position p: [down's slice][position][element] (each block of down
@@ -194,7 +200,7 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
     float* red = c.sm + NPOS * MV_X;
     const int b = c.b;
     const unsigned short* w = P->w;
-    const int last = pos + NPOS - 1;  // the context's last position this pass
+    const int last = pos + pass_positions(c) - 1;  // the context's last position this pass
     // the attention's units per kv head depend on the position alone: whether O's gather merges them
     const int nbc_now = CM_MAX > 1 ? att_units_now(last) : 1;
     const bool o_merges = nbc_now > 1 && merged_in_o(nbc_now);
@@ -204,10 +210,10 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
         // --- QKV
         if (ATT_EARLY_AT == 2 || (ATT_EARLY_AT >= 3 && l == 0)) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
-#pragma unroll
-            for (int p = 0; p < NPOS; ++p) {
-                const unsigned short* emb = w + OFF_EMB + (long long)tokens[p] * H;
-                for (int r = c.tid; r < MO::row0(b + 1) - MO::row0(b); r += NTHR) xown[p][r] = kog_bf16(emb[MO::row0(b) + r]);
+            const int nr = MO::row0(b + 1) - MO::row0(b);
+            for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
+                const int p = item_position(i, nr), r = i - p * nr;
+                xown[p][r] = kog_bf16(w[OFF_EMB + (long long)tokens[p] * H + MO::row0(b) + r]);
             }
             stage_norm(c, xs, HV_X, 0, tokens, sl + S_ATTN_NORM);
         } else {
@@ -220,15 +226,14 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
             __syncthreads();
             trace_mv(c, MAT_QKV, 4);
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
-#pragma unroll
-            for (int p = 0; p < NPOS; ++p)
-                for (int r = c.tid; r < nr; r += NTHR) {
-                    float v = mv_result<MQKV>(red + p * MV_RED, r);
+            for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
+                const int p = item_position(i, nr), r = i - p * nr;
+                float v = mv_result<MQKV>(red + p * MV_RED, r);
 #if KOG_QKV_BIAS
-                    v += sl[S_BQKV + r0 + r];
+                v += sl[S_BQKV + r0 + r];
 #endif
-                    hop_st_tagged(c, HV_QKV + p * NQKV + r0 + r, v, c.epoch + 1);
-                }
+                hop_st_tagged(c, HV_QKV + p * NQKV + r0 + r, v, c.epoch + 1);
+            }
             trace_mv(c, MAT_QKV, 5);
         }
         end_phase(c);
@@ -237,7 +242,7 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
         const bool att_ok = attention(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
         AttUnit unit;
-        const bool att_work = att_unit_of(b, last, unit);
+        const bool att_work = att_unit_of(b, last, unit) && unit.p < pass_positions(c);
         if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
@@ -269,13 +274,12 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
             __syncthreads();
             trace_mv(c, MAT_GU, 4);
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
-#pragma unroll
-            for (int p = 0; p < NPOS; ++p)
-                for (int j = c.tid; j < np; j += NTHR) {
-                    const float gt = mv_result<MGU>(red + p * MV_RED, 2 * j), up = mv_result<MGU>(red + p * MV_RED, 2 * j + 1);
-                    const float a = gt / (1.0f + expf(-gt)) * up;
-                    hop_st_tagged(c, act_word(p, r0 / 2 + j), a, c.epoch + 1);
-                }
+            for (int i = c.tid; i < pass_positions(c) * np; i += NTHR) {
+                const int p = item_position(i, np), j = i - p * np;
+                const float gt = mv_result<MGU>(red + p * MV_RED, 2 * j), up = mv_result<MGU>(red + p * MV_RED, 2 * j + 1);
+                const float a = gt / (1.0f + expf(-gt)) * up;
+                hop_st_tagged(c, act_word(p, r0 / 2 + j), a, c.epoch + 1);
+            }
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
@@ -293,10 +297,11 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
                 add_to_residual<MDN>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-#pragma unroll
-                for (int p = 0; p < NPOS; ++p)
-                    for (int r = c.tid; r < nr; r += NTHR)
-                        hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red + p * MV_RED, r), SUM_PART_MAX)));
+                for (int i = c.tid; i < NPOS * nr; i += NTHR) {  // (every position's words: see add_o_summed)
+                    const int p = item_position(i, nr), r = i - p * nr;
+                    const float v = p < pass_positions(c) ? mv_result<MDN>(red + p * MV_RED, r) : 0.f;
+                    hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(sum_fixed(v, SUM_PART_MAX)));
+                }
             }
             trace_mv(c, MAT_DN, 5);
         }
@@ -313,16 +318,18 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
         mv_run<MLM, MAT_LM>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
-#pragma unroll 1
-        for (int p = 0; p < NPOS; ++p) {  // (DRAFTS: greedy, so no logits are kept)
-            Best best = {-KOG_INF, 0x7fffffff};
-            for (int r = c.tid; r < nr; r += NTHR) {
-                const float v = mv_result<MLM>(red + p * MV_RED, r);
-                if (!DRAFTS) P->logits[r0 + r] = v;
-                post_logit(P, greedy, r0 + r, v, best);
-            }
-            publish_block_best(c, best, p);
+        Best best[NPOS];
+#pragma unroll
+        for (int p = 0; p < NPOS; ++p) best[p] = {-KOG_INF, 0x7fffffff};
+        for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
+            const int p = item_position(i, nr), r = i - p * nr;
+            const float v = mv_result<MLM>(red + p * MV_RED, r);
+            if (!DRAFTS) P->logits[r0 + r] = v;  // (DRAFTS: greedy, so no logits are kept)
+#pragma unroll
+            for (int q = 0; q < NPOS; ++q)
+                if (q == p) post_logit(P, greedy, r0 + r, v, best[q]);
         }
+        publish_block_bests(c, best);
     }
     if (b == 0 && c.tid == 0) P->ctl[1] = cancel;
     run_filler_code<KOG_ICACHE_KB>(c);
@@ -441,7 +448,7 @@ __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
 extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* __restrict__ P) {
     extern __shared__ __align__(SMEM_ALIGN) float kog_smem[];  // the compiler pads the static part
     __shared__ float red16[NPOS * NW];
-    __shared__ int sint[8 + NW];
+    __shared__ int sint[8 + NPOS * NW];
     __shared__ XOwn xown;
     __shared__ int stops[MAXSTOP];
     __shared__ int pass_tokens[NPOS];  // the pass's tokens: the last chosen, then the draft (DRAFTS)
@@ -520,6 +527,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         if (c.tid == 0) pass_tokens[0] = token;  // (the checks above read pass_tokens[1 ..] only)
         __syncthreads();
         if (DRAFTS) drafted = draft_search(c, pos, pass_tokens, &draft_key);
+        c.npos = 1 + drafted;
         if (!forward(c, pass_tokens, pos, greedy, xown)) {
             ok = false;
             break;

@@ -45,10 +45,10 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
 }
 
 // ATT_EARLY: the unit's first round of tiles of layer l, issued ahead of its attention (forward(); the pass's
-// positions pos .. pos + NPOS - 1).
+// positions pos .. pos + pass_positions(c) - 1).
 __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     AttUnit a;
-    if (!ATT_EARLY || !att_unit_of(c.b, pos + NPOS - 1, a)) return;  // block-uniform
+    if (!ATT_EARLY || !att_unit_of(c.b, pos + pass_positions(c) - 1, a) || a.p >= pass_positions(c)) return;  // block-uniform
     att_load_tiles(c, att_cache(c.P->kc, c.P, l, a.g), att_cache(c.P->vc, c.P, l, a.g), a.t0, min(TBR, a.t1 - a.t0),
                    pos, att_stage(c, 0));
     c.st.tiles_group = c.st.groups;
@@ -298,19 +298,20 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
     kog_wave_sync();  // pw is rewritten next round
 }
 
-// The pass's positions pos .. pos + NPOS - 1: this block's unit (if any) runs one of them (DRAFTS: positions past
-// the context's end are computed, but no cache row of theirs is written, and they read the last position's RoPE row).
+// The pass's positions pos .. pos + pass_positions(c) - 1: this block's unit (if any) runs one of them (DRAFTS:
+// positions past the context's end are computed, but no cache row of theirs is written, and they read the last
+// position's RoPE row).
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int last = pos + NPOS - 1;
+    const int npos = pass_positions(c), last = pos + npos - 1;
     AttUnit a;
-    if (!att_unit_of(c.b, last, a)) return true;  // block-uniform: this block has no unit
+    if (!att_unit_of(c.b, last, a) || a.p >= npos) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0, qp = a.p;
     const int L = pos + qp + 1;  // the unit's query position is L - 1
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds a new position
     // (with has_new) one unit per kv head appends the pass's k and v to the cache: the last position's, whose
     // context holds every new row (two units where the new rows span two: the same rows)
-    const bool writes_kv = h0 == 0 && qp == NPOS - 1;
+    const bool writes_kv = h0 == 0 && qp == npos - 1;
     const int lane = c.lane, warp = c.warp;
     // this warp's query head (of the unit's gh), tile slot and part of the tile (att_split)
     const int split = att_split(gh), hq = warp % gh, jslot = warp / gh;
@@ -340,14 +341,16 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         // come from HBM, the LM head's stream having passed: PERF.md session 21)
         float v[KVR][DL], co[KVR][DL / 2], si[KVR][DL / 2];
         const kog_u64* src[KVR];
+        const int rows = is_q ? 1 : npos;  // (warp-uniform: a query warp takes its position's row)
 #pragma unroll
         for (int j = 0; j < KVR; ++j) {
-            if (is_q && j > 0) break;  // (warp-uniform: a query warp takes its position's row)
-            const int p = is_q ? qp : j;
-            const long long at = (long long)(NPOS == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
+            const int p = is_q ? qp : min(j, rows - 1);  // (rows past the pass's: its last, gathered again)
+            if (j < rows) {
+                const long long at = (long long)(NPOS == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
 #pragma unroll
-            for (int i = 0; i < DL / 2; ++i)
-                co[j][i] = __ldg(P->rcos + at + lane + 32 * i), si[j][i] = __ldg(P->rsin + at + lane + 32 * i);
+                for (int i = 0; i < DL / 2; ++i)
+                    co[j][i] = __ldg(P->rcos + at + lane + 32 * i), si[j][i] = __ldg(P->rsin + at + lane + 32 * i);
+            }
             src[j] = hop_word(c, HV_QKV + p * NQKV + row0);
         }
         if (KOG_EXP == 6) {  // timing only: whatever the words hold now (what the q/k/v hop costs the attention)
@@ -355,8 +358,8 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             for (int j = 0; j < KVR; ++j)
 #pragma unroll
                 for (int i = 0; i < DL; ++i)
-                    if (!is_q || j == 0) v[j][i] = kog_value_of(kog_ld_tagged(src[j] + lane + 32 * i));
-        } else if (KVR == 1 || is_q) {
+                    if (j < rows) v[j][i] = kog_value_of(kog_ld_tagged(src[j] + lane + 32 * i));
+        } else if (KVR == 1 || rows == 1) {
             ok = gather_tagged_lane<DL>(c, v[0], src[0], epoch_qkv);
         } else {
             ok = gather_tagged_lane<DL, KVR>(c, v, src, epoch_qkv);
@@ -364,7 +367,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         trace_att(c, l, u, 1);
 #pragma unroll
         for (int j = 0; j < KVR; ++j) {
-            if (is_q && j > 0) break;  // (warp-uniform)
+            if (j >= rows) break;
             const bool keep = writes_kv && (NPOS == 1 || pos + j < ctx);  // (no cache row past the context)
             if (warp == gh + 1) {
 #pragma unroll
@@ -491,7 +494,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) pending |= 1u << k;
+        if (pass_pair<QD>(c, k)) pending |= 1u << k;
     kog_u64 t0 = 0;
     bool ok = true;
     kog_u64* const hop = c.P->hop;

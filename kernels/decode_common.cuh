@@ -735,7 +735,10 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     uint4* ring;       // this warp's RING slots
     kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
+    int npos;          // DRAFTS: the pass's positions, 1 + its draft tokens (pass_positions)
 };
+// The positions this pass feeds: its chosen token and its draft's (the positions past them take no work).
+__device__ __forceinline__ int pass_positions(const Ctx& c) { return NPOS == 1 ? 1 : c.npos; }
 
 // The ring's and the K/V tiles' cp.async commit groups go through here: the attention's first
 // wait counts the groups committed after its tiles (ATT_EARLY). Only the records' merge commits

@@ -210,8 +210,9 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 // M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
 // (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
 // written to red as a float.
-// NPOS > 1: position p's input at xs + p MV_X, its sums at red + p MV_RED; the inputs are read from shared
-// memory (NPOS positions' inputs would not fit the registers).
+// NPOS > 1: position p's input at xs + p MV_X, its sums at red + p MV_RED, for the pass's c.npos positions; the
+// inputs are read from shared memory (NPOS positions' inputs would not fit the registers: the LM head's five
+// in registers lost 2x, PERF.md session 64).
 template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
     // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
@@ -296,6 +297,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
 #endif
 #pragma unroll
             for (int p = 0; p < NPOS; ++p) {
+                if (p >= pass_positions(c)) break;  // (block-uniform)
                 const float* const xp = xs + p * MV_X;
                 float d[M::U];
 #pragma unroll

@@ -37,21 +37,30 @@ __device__ __forceinline__ void best_wave(Best& x) {
     }
 }
 // greedy: (penalized value, index); sampling: (key as float bits ignored) -> we keep the key max.
-// Position p of the pass (DRAFTS) publishes in slot p NBLK + b.
-__device__ void publish_block_best(const Ctx& c, Best x, int p = 0) {
-    best_wave(x);
-    float* sv = c.red16;
+// The block's best of each of the pass's first N positions: position p's in slot p NBLK + b.
+template <int N>
+__device__ void publish_block_bests(const Ctx& c, Best (&x)[N]) {
+    float* sv = c.red16;  // [N][NW]
     int* si = c.sint + 8;
-    if (c.lane == 0) sv[c.warp] = x.v, si[c.warp] = x.i;
+#pragma unroll
+    for (int p = 0; p < N; ++p) {
+        best_wave(x[p]);
+        if (c.lane == 0) sv[p * NW + c.warp] = x[p].v, si[p * NW + c.warp] = x[p].i;
+    }
     __syncthreads();
-    if (c.tid == 0) {
-        Best y = {sv[0], si[0]};
+    if (c.tid < N) {
+        const int p = c.tid;
+        Best y = {sv[p * NW], si[p * NW]};
         for (int w = 1; w < NW; ++w)
-            if (better(sv[w], si[w], y.v, y.i)) y.v = sv[w], y.i = si[w];
+            if (better(sv[p * NW + w], si[p * NW + w], y.v, y.i)) y.v = sv[p * NW + w], y.i = si[p * NW + w];
         c.P->slot_val[p * NBLK + c.b] = y.v;
         c.P->slot_idx[p * NBLK + c.b] = y.i;
     }
     __syncthreads();
+}
+__device__ __forceinline__ void publish_block_best(const Ctx& c, Best x) {  // the pass's first position
+    Best xs[1] = {x};
+    publish_block_bests(c, xs);
 }
 
 // One wave: the best (value, index) over every block's published candidate (of position p).

@@ -326,15 +326,16 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
     __device__ static bool has(int tid, int k) { return tid + k * NTHR < N2; }
 };
 
-// Every thread: its pairs K0 .. K0 + NK - 1 of the tagged N-vector at hop word src, once they carry `tag` (all
-// loads of a round in flight together; a round re-reads only what was not ready). False on timeout.
+// Every thread: its pairs K0 .. K0 + NK - 1 of the tagged N-vector at hop word src that lie in its first `words`
+// words, once they carry `tag` (all loads of a round in flight together; a round re-reads only what was not
+// ready). False on timeout.
 template <int N, class W, int K0, int NK>
-__device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
+__device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
     using T = Tagged<N>;
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < NK; ++k)
-        if (T::has(c.tid, K0 + k)) pending |= 1u << k;
+        if (T::has(c.tid, K0 + k) && (NPOS == 1 || 2 * (c.tid + (K0 + k) * NTHR) < words)) pending |= 1u << k;
     kog_u64 t0 = 0;
     kog_u64* const hop = c.P->hop;
     for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
@@ -381,16 +382,22 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
 // one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6).
 constexpr int GATHER_PAIRS = 6;
 template <int N, class W, int K0>
-__device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
+__device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
     constexpr int NK = cmin(GATHER_PAIRS, Tagged<N>::NV - K0);
-    if (!gather_tagged_run<N, W, K0, NK>(c, out, src, tag)) return false;
-    if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, K0 + NK>(c, out, src, tag);
+    if (!gather_tagged_run<N, W, K0, NK>(c, out, src, tag, words)) return false;
+    if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, K0 + NK>(c, out, src, tag, words);
     return true;
 }
-// Every thread: its pairs of the tagged N-vector at hop word src, once they carry `tag`. False on timeout.
+// Every thread: its pairs of the tagged N-vector at hop word src (of its first `words` words: NPOS positions'
+// rows, of which the pass feeds fewer), once they carry `tag`. False on timeout.
 template <int N, class W = TagWord>
-__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag) {
-    return gather_tagged_from<N, W, 0>(c, out, src, tag);
+__device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words = N) {
+    return gather_tagged_from<N, W, 0>(c, out, src, tag, words);
+}
+// Whether a thread's pair k of NPOS positions' N-vectors is one of the pass's (pass_positions).
+template <int N>
+__device__ __forceinline__ bool pass_pair(const Ctx& c, int k) {
+    return Tagged<NPOS * N>::has(c.tid, k) && (NPOS == 1 || 2 * (c.tid + k * NTHR) < pass_positions(c) * N);
 }
 
 // One thread: n values at src[r][STRIDE i] of each of R rows (words of a row in one chunk; the rows anywhere)
@@ -449,14 +456,14 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     if (tokens) {
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (T::has(c.tid, k)) {
+            if (pass_pair<H>(c, k)) {
                 const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
                 const unsigned short* const row = c.P->w + OFF_EMB + (long long)tokens[p] * H;
                 const unsigned v = __ldg(reinterpret_cast<const unsigned*>(row + e - p * H));
                 x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
             }
     } else {
-        ok = gather_tagged<NPOS * H, W>(c, x, src, tag);
+        ok = gather_tagged<NPOS * H, W>(c, x, src, tag, pass_positions(c) * H);
     }
     trace_norm(c, traced, 1);
     float2 g[T::NV];
@@ -465,7 +472,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     for (int p = 0; p < NPOS; ++p) ss[p] = 0.f;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) {
+        if (pass_pair<H>(c, k)) {
             const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
             g[k] = __ldg(reinterpret_cast<const float2*>(w + e - p * H));
             const float s2 = x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
@@ -475,14 +482,16 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     // the wave sums before the barrier: the wave left its poll loop as one (PERF.md session 30)
 #pragma unroll
     for (int p = 0; p < NPOS; ++p) {
+        if (p >= pass_positions(c)) break;  // (block-uniform)
         ss[p] = kog_wave_sum(ss[p]);
         if (c.lane == 0) c.red16[p * NW + c.warp] = ss[p];
     }
     if (!__syncthreads_and(ok)) return false;
     trace_norm(c, traced, 2);
-    float r[NPOS];
+    float r[NPOS] = {};
 #pragma unroll
     for (int p = 0; p < NPOS; ++p) {
+        if (p >= pass_positions(c)) break;  // (block-uniform)
         float sp = 0.f;
 #pragma unroll
         for (int i = 0; i < NW; ++i) sp += c.red16[p * NW + i];  // (the staging barrier below guards red16's reuse)
@@ -493,7 +502,7 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     trace_norm(c, traced, 3);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) {
+        if (pass_pair<H>(c, k)) {
             const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
             float rp = r[0];
 #pragma unroll
@@ -512,10 +521,10 @@ template <int N>
 __device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
     using T = Tagged<NPOS * N>;
     T x;
-    const bool ok = gather_tagged<NPOS * N>(c, x, src, tag);
+    const bool ok = gather_tagged<NPOS * N>(c, x, src, tag, pass_positions(c) * N);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (T::has(c.tid, k)) {
+        if (pass_pair<N>(c, k)) {
             const int e = 2 * (c.tid + k * NTHR), p = position_of<N>(e);
             *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * N)) = x.v[k];
         }
