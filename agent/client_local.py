@@ -44,9 +44,10 @@ class LocalClient:
         self._tokenizer = session.model.tokenizer
 
     @classmethod
-    def open(cls, model: str | None, device: str, context: int | None, params: SamplingParams) -> LocalClient:
+    def open(cls, model: str | None, device: str, context: int | None, params: SamplingParams,
+             draft_positions: int = 1) -> LocalClient:
         loaded = load(model)
-        return cls(open_session(loaded, device=device, context=context), loaded.name, params)
+        return cls(open_session(loaded, device=device, context=context, draft_positions=draft_positions), loaded.name, params)
 
     @property
     def device(self) -> str:

@@ -51,7 +51,8 @@ def context_cap_note(model_name: str, requested: int | None, context_size: int) 
 
 
 def open_session(
-    model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None
+    model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None,
+    draft_positions: int = 1,
 ) -> Session:
     check_context(context)
-    return Session(model, create_backend(model, device, context), system=system)
+    return Session(model, create_backend(model, device, context, draft_positions), system=system)

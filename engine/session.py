@@ -39,6 +39,7 @@ class GenerationStats:
     prefill_s: float = 0.0
     decode_s: float = 0.0  # first token to last token
     stop_reason: str = ""  # "stop" | "length" | "context" | "cancelled"
+    decode_passes: int = 0  # passes through the model after the first token (drafts: fewer than the tokens after it)
     token_latencies_s: list[float] = field(default_factory=list, repr=False)
 
     @property
@@ -131,6 +132,7 @@ class Generation:
                 yield TokenEvent(token, piece, now)
                 if token in stop_ids:
                     stats.stop_reason = "stop"
+            stats.decode_passes = backend.decode_passes
             tail = decoder.flush()
             if tail:
                 self.text += tail

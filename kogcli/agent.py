@@ -37,6 +37,7 @@ def fix_command(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KOG_API_KEY", show_envvar=True, help="Bearer token for --endpoint."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (local model)."),
+    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, text that repeats its context (code edits, tests) comes faster, other text slower. 1 = off."),
     allow_shell: bool = typer.Option(False, "--allow-shell", help="Let the model run shell commands (@run_command). `kog agent undo` then also restores small git-ignored files (.env: up to 1 MiB each, 64 MiB in all, outside dependency and build folders); not larger ones, nor anything outside the repository."),
     allow_test_edits: bool = typer.Option(False, "--allow-test-edits", help="Let the model change test files and test configuration."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Work on a scratch copy; show the diff, write nothing."),
@@ -47,6 +48,7 @@ def fix_command(
     """Run the tests of PATH and edit it until they pass or a budget ends; exit 0 when fixed, 3 when not."""
     from agent.display import Display, JsonDisplay, LiveDisplay
     from agent.loop import Options, fix
+    from engine.backends import check_drafts
     from engine.errors import KogError
     from engine.sampling import SamplingParams
 
@@ -55,6 +57,9 @@ def fix_command(
         if not (math.isfinite(value) and value > 0):
             raise KogError(f"{name} must be a finite number > 0, got {value}")
     SamplingParams(temperature=temperature, seed=seed)  # (an endpoint's temperature too)
+    check_drafts(drafts)
+    if endpoint and drafts > 1:
+        raise KogError("--drafts is for the local engine, not --endpoint")
     if quiet and as_json:
         raise KogError("--quiet and --json exclude each other")
     if not path.is_dir():
@@ -63,7 +68,7 @@ def fix_command(
         test_cmd=test_cmd, max_steps=max_steps, max_tokens=max_tokens, step_tokens=step_tokens, timeout_s=timeout,
         test_timeout_s=test_timeout, allow_shell=allow_shell, allow_test_edits=allow_test_edits,
     )
-    client = _client(endpoint, api_key, model, device, context, temperature, seed)
+    client = _client(endpoint, api_key, model, device, context, temperature, seed, drafts)
     display = JsonDisplay() if as_json else Display() if quiet else LiveDisplay()
     try:
         summary = fix(path, client, options, display, log, dry_run)
@@ -76,7 +81,7 @@ def fix_command(
         raise typer.Exit(NOT_FIXED)
 
 
-def _client(endpoint, api_key, model, device, context, temperature, seed):
+def _client(endpoint, api_key, model, device, context, temperature, seed, drafts):
     from engine.sampling import SamplingParams
 
     if endpoint:
@@ -86,7 +91,7 @@ def _client(endpoint, api_key, model, device, context, temperature, seed):
     from agent.client_local import LocalClient
     from engine.api import context_cap_note
 
-    client = LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed))
+    client = LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed), drafts)
     notice(context_cap_note(client.name, context, client.context_size))
     return client
 

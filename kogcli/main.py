@@ -95,10 +95,11 @@ def generate_command(
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
     as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
+    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, text that repeats its context (code edits, tests) comes faster, other text slower. 1 = off."),
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
     from engine.api import check_context, context_cap_note, load, open_session
-    from engine.backends import resolve_device
+    from engine.backends import check_drafts, resolve_device
     from engine.sampling import SamplingParams
 
     # the command line's own mistakes, before a model is downloaded or loaded
@@ -124,10 +125,13 @@ def generate_command(
         raise KogError(f"--max-tokens must be >= 1, got {max_tokens}")
     if raw and system:
         raise KogError("--system needs the chat template; drop --raw")
-    resolve_device(device)
+    device = resolve_device(device)
     check_context(context)
+    check_drafts(drafts)
+    if drafts > 1 and device != "cuda":
+        raise KogError("--drafts needs the CUDA backend: the CPU backend decodes one position a pass")
     loaded = load(model)
-    session = open_session(loaded, device=device, context=context, system=system)
+    session = open_session(loaded, device=device, context=context, system=system, draft_positions=drafts)
     notice(context_cap_note(loaded.name, context, session.context_size))
     if raw:
         ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
@@ -145,11 +149,13 @@ def generate_command(
     if as_json:
         print(json.dumps(stats.as_dict() | {"model": loaded.name, "device": session.backend.device_name}))
     else:
+        passes = stats.decode_passes  # (the first token comes from the prefill)
+        drafted = f"{(stats.generated_tokens - 1) / passes:.2f} tokens a pass · " if drafts > 1 and passes else ""
         err.print(
             f"{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
             f"TTFT {stats.ttft_s * 1e3:.0f} ms · prefill {stats.prefill_tok_s:.0f} tok/s "
             f"({stats.prompt_tokens} prompt, {stats.reused_tokens} reused) · "
-            f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · "
+            f"p50/p99 {stats.latency_ms(50):.1f}/{stats.latency_ms(99):.1f} ms · {drafted}"
             f"{loaded.name} on {session.backend.device_name} · stop: {stats.stop_reason}",
             style="dim",
         )

@@ -200,6 +200,8 @@ def test_bad_sampling_parameter():
     (["--repetition-penalty", "nan"], "repetition penalty must be a finite number"),
     (["--raw", "--system", "Be brief."], "--system needs the chat template"),
     (["--context", "3"], "context must be at least 16"),
+    (["--drafts", "0"], "--drafts must be 1 (off) to 8"),
+    (["--drafts", "3", "--device", "cpu"], "--drafts needs the CUDA backend"),
 ])
 def test_bad_options_are_refused_before_any_download(tmp_path, args, fragment):
     assert_one_line_error(kog("generate", "hi", *args, env=OFFLINE | {"KOG_HOME": str(tmp_path)}), fragment)

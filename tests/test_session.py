@@ -125,6 +125,7 @@ def test_stats_are_filled(tiny):
     assert stats["prompt_tokens"] == 10 and stats["reused_tokens"] == 0
     assert stats["ttft_s"] > 0 and stats["decode_tok_s"] > 0 and stats["prefill_tok_s"] > 0
     assert 0 < stats["latency_p50_ms"] <= stats["latency_p99_ms"]
+    assert stats["decode_passes"] == 19, "one pass a token after the prefill's (CPU: no drafts)"
     assert "".join(e.text for e in events) == generation.text
     times = [e.time for e in events]
     assert times == sorted(times)

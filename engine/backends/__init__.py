@@ -7,6 +7,7 @@ from engine.errors import KogError
 from engine.model import LoadedModel
 
 DEVICES = ("auto", "cpu", "cuda")
+DRAFT_POSITIONS_MAX = 8  # positions a drafted decode pass feeds at most (cuda: kernels' NPOS)
 
 
 def cuda_available() -> bool:
@@ -30,13 +31,24 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def create_backend(model: LoadedModel, device: str = "auto", max_context: int | None = None) -> Backend:
+def check_drafts(draft_positions: int) -> None:
+    if not 1 <= draft_positions <= DRAFT_POSITIONS_MAX:
+        raise KogError(f"--drafts must be 1 (off) to {DRAFT_POSITIONS_MAX}, got {draft_positions}")
+
+
+def create_backend(model: LoadedModel, device: str = "auto", max_context: int | None = None,
+                   draft_positions: int = 1) -> Backend:
+    """`draft_positions` > 1: greedy decoding checks up to draft_positions - 1 draft tokens copied from the
+    context in each pass through the model (CUDA only; the tokens are the same)."""
+    check_drafts(draft_positions)
     context = min(max_context or model.config.max_context, model.config.max_context)
     device = resolve_device(device)
     if device == "cuda":
         from engine.backends.cuda import CudaBackend
 
-        return CudaBackend(model, context)
+        return CudaBackend(model, context, draft_positions=draft_positions)
+    if draft_positions > 1:
+        raise KogError("--drafts needs the CUDA backend: the CPU backend decodes one position a pass")
     from engine.backends.cpu import CpuBackend
 
     return CpuBackend(model, context)

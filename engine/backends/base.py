@@ -23,6 +23,7 @@ class Backend(ABC):
     weight_bytes: int  # bytes per weight as the backend stores them (for bytes-per-token figures)
     kv_bytes: int  # bytes per cached key/value element
     greedy_bytes_saved = 0  # bytes a greedy decode step reads fewer than every weight (cuda: the LM head's screen)
+    decode_passes = 0  # passes through the model the last decode ran (cuda's drafts: a pass may yield several tokens)
 
     def __init__(self, config: ModelConfig, max_context: int):
         self.config = config

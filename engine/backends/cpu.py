@@ -99,6 +99,7 @@ class CpuBackend(Backend):
         self, params: SamplingParams, history: list[int], max_tokens: int, stop_ids: set[int]
     ) -> Iterator[int]:
         context = np.array(history, dtype=np.int64)
+        self.decode_passes = 0
         for step in range(max_tokens):
             if self._cancel.is_set():
                 return
@@ -109,6 +110,7 @@ class CpuBackend(Backend):
             if token in stop_ids or last:
                 return
             self.logits = self._forward([token])
+            self.decode_passes += 1
 
     def _forward(self, tokens: list[int]) -> np.ndarray:
         """Run `tokens` at the next cache positions and return the last position's logits."""

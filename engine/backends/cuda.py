@@ -31,6 +31,7 @@ import numpy as np
 
 from engine import rope
 from engine.backends import cuda_fault
+from engine.backends import DRAFT_POSITIONS_MAX, check_drafts
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
@@ -42,7 +43,6 @@ from engine.sampling import SamplingParams
 KERNEL_DIR = Path(__file__).resolve().parent.parent.parent / "kernels"
 NBINS = 1024
 WATCHDOG_S = 5.0  # a single wait inside the kernel longer than this is a hang
-MAX_POSITIONS = 8  # positions a drafted pass checks at most (kernels: NPOS)
 _NOT_READY = 600  # cudaErrorNotReady: the event's work is still running
 _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DEBUG_HANG, DEBUG_FAULT)
 
@@ -219,8 +219,7 @@ class CudaBackend(Backend):
         self._extra_defines = dict(defines or {})
         self._kernel_dir = kernel_dir or KERNEL_DIR
         self._nvrtc_options = tuple(nvrtc_options)
-        if not 1 <= draft_positions <= MAX_POSITIONS:
-            raise KogError(f"draft positions must be 1 to {MAX_POSITIONS}, got {draft_positions}")
+        check_drafts(draft_positions)
         self.draft_positions = draft_positions
         self._drafts: _DecodeKernel | None = None  # its build, made on first use
         cp = self.cp = _cupy()
@@ -424,8 +423,8 @@ class CudaBackend(Backend):
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
         self.hist_cnt = cp.zeros(NBINS, dtype=cp.uint32)
         self.hist_mass = cp.zeros(NBINS, dtype=cp.uint64)
-        self.slot_val = f32(MAX_POSITIONS * self.nblk)  # a block's best row, a slot a position of a pass
-        self.slot_idx = cp.zeros(MAX_POSITIONS * self.nblk, dtype=cp.int32)
+        self.slot_val = f32(DRAFT_POSITIONS_MAX * self.nblk)  # a block's best row, a slot a position of a pass
+        self.slot_idx = cp.zeros(DRAFT_POSITIONS_MAX * self.nblk, dtype=cp.int32)
         self.flags = cp.zeros(self.kernel_info["flags"], dtype=cp.uint32)
         self.ctl = cp.zeros(4, dtype=cp.int32)
         self.status = cp.zeros(8, dtype=cp.int32)
@@ -588,6 +587,7 @@ class CudaBackend(Backend):
                 "error": int(st[0]), "tokens": int(st[1]), "fed": int(st[2]), "reason": int(st[3]),
                 "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]), "passes": int(st[7]),
             }
+            self.decode_passes = int(st[7])
             if st[0]:
                 self.cached_tokens = start
                 self.logits_valid = False
