@@ -211,7 +211,8 @@ class CudaBackend(Backend):
                  kernel_dir: Path | None = None, nvrtc_options: tuple[str, ...] = ()):
         """`draft_positions` > 1: a greedy decode without a repetition penalty checks up to
         draft_positions - 1 draft tokens copied from the context in each pass (a second build of the
-        kernel, made on first use; the tokens are the plain decode's). `defines` (extra kernel macros),
+        kernel, made at load, or on first use where a test sets `draft_positions` later; the tokens are the
+        plain decode's). `defines` (extra kernel macros),
         `kernel_dir` (another version of kernels/, whose parameter block matches this file's) and
         `nvrtc_options` (extra options for the decode kernel, such as -lineinfo for a profiler): for
         experiments (bench/) only."""
@@ -221,7 +222,7 @@ class CudaBackend(Backend):
         self._nvrtc_options = tuple(nvrtc_options)
         check_drafts(draft_positions)
         self.draft_positions = draft_positions
-        self._drafts: _DecodeKernel | None = None  # its build, made on first use
+        self._drafts: _DecodeKernel | None = None  # its build (_drafts_kernel)
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -242,6 +243,8 @@ class CudaBackend(Backend):
             self._upload(w, lay)
             self._alloc(lay)
             self._prefill = CudaPrefill(self, self.pmod)
+        if draft_positions > 1:  # (built now, not inside the first generation's time to first token)
+            self._drafts_kernel()
         self.stream.synchronize()
         self.logits_valid = False
         self.lost: str | None = None  # why the CUDA context is unusable, after a device fault
