@@ -193,7 +193,7 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     publish_block_best(c, best);
 }
 
-// The pass's tokens (shared memory: NPOS of them) at positions pos .. pos + NPOS - 1.
+// The pass's tokens (shared memory) at positions pos .. pos + pass_positions(c) - 1.
 __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
@@ -487,8 +487,9 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     }
     if (P->debug == DEBUG_FAULT && c.b == 0 && c.tid == 0)  // test knob: a misaligned 16-byte store
         *reinterpret_cast<float4*>(kog_smem + 3) = make_float4(0.f, 0.f, 0.f, 0.f);
-    // pos: where the next token is fed. A pass feeds pass_tokens at pos .. pos + NPOS - 1; chosen[j] follows
-    // position pos + j, and is the plain decode's token there while the drafts before it were chosen too.
+    // pos: where the next token is fed. A pass feeds pass_tokens at pos .. pos + c.npos - 1 (its chosen token and
+    // its draft); chosen[j] follows position pos + j, and is the plain decode's token there while the drafts before
+    // it were chosen too.
     int pos = (int)P->start_pos, fed = 0, out = 0, reason = 0, passes = 0, drafted = 0;
     for (int step = 0; ok; ++step) {
         int cancel = 0;
