@@ -76,10 +76,10 @@ PROMPTS = {  # name: (system message or None, user message)
 }
 
 
-def draft(context: list[int], k: int, ngram: int) -> list[int]:
+def draft(context: list[int], k: int, ngram: int, min_match: int = 1) -> list[int]:
     """The k tokens that followed the latest earlier occurrence of the context's last n tokens (n from ngram
-    down to 1), fewer where the context ends first; [] where no suffix occurs earlier."""
-    for n in range(min(ngram, len(context) - 1), 0, -1):
+    down to min_match), fewer where the context ends first; [] where no such suffix occurs earlier."""
+    for n in range(min(ngram, len(context) - 1), min_match - 1, -1):
         tail = context[-n:]
         for start in range(len(context) - n - 1, -1, -1):
             if context[start : start + n] == tail:
@@ -87,12 +87,12 @@ def draft(context: list[int], k: int, ngram: int) -> list[int]:
     return []
 
 
-def passes(prompt: list[int], generated: list[int], k: int, ngram: int) -> tuple[int, int, int]:
+def passes(prompt: list[int], generated: list[int], k: int, ngram: int, min_match: int = 1) -> tuple[int, int, int]:
     """(passes, passes with a draft, passes whose draft's first token was wrong) to decode `generated`."""
     context, done = list(prompt), 0
     count = drafted = missed = 0
     while done < len(generated):
-        guess = draft(context, k, ngram)
+        guess = draft(context, k, ngram, min_match)
         kept = 0
         while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
             kept += 1
@@ -117,12 +117,18 @@ def main() -> None:
     parser.add_argument("--drafts", default="2,4,8")
     parser.add_argument("--ngram", type=int, default=4)
     parser.add_argument("--positions", type=int, default=1, help="CUDA: also decode with this many positions a pass")
+    parser.add_argument("--min-match", type=int, default=1, help="a draft needs this many of the last tokens matched")
     args = parser.parse_args()
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
-    print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to 1")
-    backend = create_backend(model, args.device, 4096)
+    print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
+    if args.min_match != 1 and args.device == "cuda":  # (the kernel's rule, a build knob)
+        from engine.backends.cuda import CudaBackend
+
+        backend = CudaBackend(model, 4096, defines={"KOG_DRAFT_MIN_MATCH": str(args.min_match)})
+    else:
+        backend = create_backend(model, args.device, 4096)
     rates = []
     for name, (system, text) in PROMPTS.items():
         backend.truncate(0)
@@ -142,7 +148,7 @@ def main() -> None:
                   f"tokens {'identical' if same else 'DIFFERENT'}")
         row = []
         for k in ks:
-            count, drafted, missed = passes(prompt, generated, k, args.ngram)
+            count, drafted, missed = passes(prompt, generated, k, args.ngram, args.min_match)
             totals[k][0] += len(generated)
             totals[k][1] += count
             row.append(f"k={k} {len(generated) / count:.2f}")

@@ -410,6 +410,10 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int* chosen, int& ca
 // time, until a round holds an occurrence of all DRAFT_NGRAM tokens. Every block runs it alike (the blocks
 // need the draft at once: no hop).
 constexpr int DRAFT_NGRAM = 4;
+#ifndef KOG_DRAFT_MIN_MATCH  // timing experiments: the fewest of the last tokens an earlier occurrence must match for a
+#define KOG_DRAFT_MIN_MATCH 1  // draft (DRAFT_NGRAM + 1: never a draft, every pass one position)
+#endif
+constexpr int DRAFT_MIN_MATCH = KOG_DRAFT_MIN_MATCH;
 constexpr int DRAFT_PER_THREAD = 4;
 constexpr int DRAFT_ROUND = DRAFT_PER_THREAD * NTHR;
 __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
@@ -439,7 +443,7 @@ __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
         if (best >> 24 == DRAFT_NGRAM) break;
     }
     const int best = *best_key, e = best & 0xffffff;
-    const int n = best ? min(NPOS - 1, pos - e) : 0;
+    const int n = best >> 24 >= DRAFT_MIN_MATCH ? min(NPOS - 1, pos - e) : 0;
     for (int j = 1 + c.tid; j < NPOS; j += NTHR) tokens[j] = j <= n ? kog_ldcg_s32(hist + e + j) : tokens[0];
     __syncthreads();
     return n;

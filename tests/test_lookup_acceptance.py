@@ -14,6 +14,8 @@ def test_draft_follows_the_latest_occurrence_of_the_longest_suffix():
     assert draft(context, 2, ngram=3) == [2, 9]  # "6 7" occurs at 1 and 4: the latest wins; "9 6 7" nowhere
     assert draft([3, 8, 4, 8], 3, ngram=4) == [4, 8]  # "8" alone, and the context ends after two tokens
     assert draft([1, 2, 3], 4, ngram=4) == []
+    assert draft([3, 8, 4, 8], 3, ngram=4, min_match=2) == [], "only one token matched: no draft"
+    assert draft(context, 2, ngram=3, min_match=2) == [2, 9]
 
 
 def test_a_copied_span_takes_a_pass_every_k_plus_one_tokens_and_new_tokens_one_each():
