@@ -402,7 +402,7 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int* chosen, int& ca
 }
 
 // ---- drafts (DRAFTS) -----------------------------------------------------------------------
-// All threads: the draft for the pass whose first token sits at position pos (hist[0 .. pos] hold the context):
+// All threads: the draft for the pass whose first token sits at position pos (context_ids[0 .. pos] hold the context):
 // the tokens that followed the latest earlier occurrence of the context's last n tokens, n from DRAFT_NGRAM down
 // to 1 (bench/lookup_acceptance.py's rule), at most NPOS - 1 of them and as many as the context holds after that
 // occurrence, into tokens[1 ..]; the rest of tokens[] repeat tokens[0]. Returns how many were drafted (0: no
@@ -417,10 +417,10 @@ constexpr int DRAFT_MIN_MATCH = KOG_DRAFT_MIN_MATCH;
 constexpr int DRAFT_PER_THREAD = 4;
 constexpr int DRAFT_ROUND = DRAFT_PER_THREAD * NTHR;
 __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
-    const int* const hist = c.P->hist;
+    const int* const ids = c.P->context_ids;
     int tail[DRAFT_NGRAM];  // the context's last tokens, latest first (-1: before the context)
 #pragma unroll
-    for (int i = 0; i < DRAFT_NGRAM; ++i) tail[i] = pos - i >= 0 ? kog_ldcg_s32(hist + pos - i) : -1;
+    for (int i = 0; i < DRAFT_NGRAM; ++i) tail[i] = pos - i >= 0 ? kog_ldcg_s32(ids + pos - i) : -1;
     if (c.tid == 0) *best_key = 0;
     __syncthreads();
     for (int top = pos - 1; top >= 0; top -= DRAFT_ROUND) {
@@ -430,7 +430,7 @@ __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
             const int e = top - c.tid - k * NTHR;  // an end before the last token
             int h[DRAFT_NGRAM];
 #pragma unroll
-            for (int i = 0; i < DRAFT_NGRAM; ++i) h[i] = e - i >= 0 ? kog_ldcg_s32(hist + e - i) : -2;
+            for (int i = 0; i < DRAFT_NGRAM; ++i) h[i] = e - i >= 0 ? kog_ldcg_s32(ids + e - i) : -2;
             int n = 0;
 #pragma unroll
             for (int i = 0; i < DRAFT_NGRAM; ++i) n += n == i && h[i] == tail[i];
@@ -444,7 +444,7 @@ __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
     }
     const int best = *best_key, e = best & 0xffffff;
     const int n = best >> 24 >= DRAFT_MIN_MATCH ? min(NPOS - 1, pos - e) : 0;
-    for (int j = 1 + c.tid; j < NPOS; j += NTHR) tokens[j] = j <= n ? kog_ldcg_s32(hist + e + j) : tokens[0];
+    for (int j = 1 + c.tid; j < NPOS; j += NTHR) tokens[j] = j <= n ? kog_ldcg_s32(ids + e + j) : tokens[0];
     __syncthreads();
     return n;
 }
@@ -517,7 +517,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
                 P->tok_time[out - 1] = kog_clock_ns();
                 if (P->use_penalty) atomicOr(P->rep_bits + (token >> 5), 1u << (token & 31));
             }
-            if (DRAFTS && c.tid == 0) P->hist[pos + j] = token;  // (every block: its draft search reads it)
+            if (DRAFTS && c.tid == 0) P->context_ids[pos + j] = token;  // (every block: its draft search reads it)
             bool is_stop = false;
             for (int i = 0; i < n_stop; ++i) is_stop |= stops[i] == token;
             if (is_stop) reason = R_STOP;

@@ -393,7 +393,7 @@ struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in
     int* host_tokens;
     const int* host_cancel;
     kog_u64* tok_time;
-    int* hist;  // DRAFTS: the context's tokens, the prompt's from the host, the pass's kept tokens from the kernel
+    int* context_ids;  // DRAFTS: the context's tokens, the prompt's from the host, the pass's kept tokens from the kernel
     long long start_pos, max_tokens, ctx_limit, n_stop, greedy, top_k, seed, timeout_ns, debug,
         use_penalty;
     double temperature, top_p, min_p, penalty;

@@ -49,7 +49,7 @@ _DEBUG = {"": 0, "hang": 1, "fault": 2}  # the tests' failure knobs (kernels: DE
 # KParams in kernels/decode.cu, in order; every field 8 bytes
 _PTR_FIELDS = (
     "w ws kc vc rcos rsin hop hop_map sm_side logits keys bins hist_cnt hist_mass slot_val slot_idx "
-    "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time hist"
+    "flags ctl status rep_bits stop_ids host_tokens host_cancel tok_time context_ids"
 ).split()
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
@@ -211,11 +211,12 @@ class CudaBackend(Backend):
                  kernel_dir: Path | None = None, nvrtc_options: tuple[str, ...] = ()):
         """`draft_positions` > 1: a greedy decode without a repetition penalty checks up to
         draft_positions - 1 draft tokens copied from the context in each pass (a second build of the
-        kernel, made at load, or on first use where a test sets `draft_positions` later; the tokens are the
-        plain decode's). `defines` (extra kernel macros),
-        `kernel_dir` (another version of kernels/, whose parameter block matches this file's) and
-        `nvrtc_options` (extra options for the decode kernel, such as -lineinfo for a profiler): for
-        experiments (bench/) only."""
+        kernel, made at load, or on first use where a test sets `draft_positions` later; the tokens are
+        the plain decode's).
+
+        `defines` (extra kernel macros), `kernel_dir` (another version of kernels/, whose parameter
+        block matches this file's) and `nvrtc_options` (extra options for the decode kernel, such as
+        -lineinfo for a profiler): for experiments (bench/) only."""
         super().__init__(model.config, max_context)
         self._extra_defines = dict(defines or {})
         self._kernel_dir = kernel_dir or KERNEL_DIR
@@ -336,7 +337,7 @@ class CudaBackend(Backend):
         return _DecodeKernel(module=mod, function=fn, info=k, smem=smem, occupancy=per_sm, hop=hop)
 
     def _drafts_kernel(self) -> _DecodeKernel:
-        """The build that checks drafts (kernels: NPOS), made on first use."""
+        """The build that checks drafts (kernels: NPOS), made once."""
         if self._drafts is None:
             with self.device, self.stream:
                 # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
@@ -435,7 +436,7 @@ class CudaBackend(Backend):
         self.stop_ids = cp.zeros(self.kernel_info["max_stop"], dtype=cp.int32)
         cap = self.max_context + 1
         self.tok_time = cp.zeros(cap, dtype=cp.uint64)
-        self.hist = cp.zeros(cap, dtype=cp.int32)  # the context's tokens, for the drafts' search
+        self.context_ids = cp.zeros(cap, dtype=cp.int32)  # the context's tokens, for the drafts' search
         self._pin = cp.cuda.alloc_pinned_memory(4 * (cap + 16))
         pinned = np.frombuffer(self._pin, dtype=np.int32, count=cap + 16)
         self.h_tokens = pinned[:cap]  # -1 until the kernel writes the token
@@ -561,7 +562,7 @@ class CudaBackend(Backend):
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
             if drafted and start:
-                self.hist[:start].set(np.asarray(history[:start], dtype=np.int32), stream=self.stream)
+                self.context_ids[:start].set(np.asarray(history[:start], dtype=np.int32), stream=self.stream)
             for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, kernel.hop.arena):
                 a.fill(0)
             self._fill_params(kernel, params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
