@@ -127,9 +127,7 @@ def generate_command(
         raise KogError("--system needs the chat template; drop --raw")
     device = resolve_device(device)
     check_context(context)
-    check_drafts(drafts)
-    if drafts > 1 and device != "cuda":
-        raise KogError("--drafts needs the CUDA backend: the CPU backend decodes one position a pass")
+    check_drafts(drafts, device)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system, draft_positions=drafts)
     notice(context_cap_note(loaded.name, context, session.context_size))

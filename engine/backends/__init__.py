@@ -31,24 +31,25 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def check_drafts(draft_positions: int) -> None:
+def check_drafts(draft_positions: int, device: str = "cuda") -> None:
+    """Drafted passes (`draft_positions` > 1) on a resolved `device`: in range, and on the CUDA backend."""
     if not 1 <= draft_positions <= DRAFT_POSITIONS_MAX:
         raise KogError(f"--drafts must be 1 (off) to {DRAFT_POSITIONS_MAX}, got {draft_positions}")
+    if draft_positions > 1 and device != "cuda":
+        raise KogError("--drafts needs the CUDA backend: the CPU backend decodes one position a pass")
 
 
 def create_backend(model: LoadedModel, device: str = "auto", max_context: int | None = None,
                    draft_positions: int = 1) -> Backend:
     """`draft_positions` > 1: greedy decoding checks up to draft_positions - 1 draft tokens copied from the
     context in each pass through the model (CUDA only; the tokens are the same)."""
-    check_drafts(draft_positions)
-    context = min(max_context or model.config.max_context, model.config.max_context)
     device = resolve_device(device)
+    check_drafts(draft_positions, device)
+    context = min(max_context or model.config.max_context, model.config.max_context)
     if device == "cuda":
         from engine.backends.cuda import CudaBackend
 
         return CudaBackend(model, context, draft_positions=draft_positions)
-    if draft_positions > 1:
-        raise KogError("--drafts needs the CUDA backend: the CPU backend decodes one position a pass")
     from engine.backends.cpu import CpuBackend
 
     return CpuBackend(model, context)

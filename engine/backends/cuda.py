@@ -341,9 +341,12 @@ class CudaBackend(Backend):
         if self._drafts is None:
             with self.device, self.stream:
                 # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
-                self._drafts = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions),
-                                                                      "KOG_DN_SPLIT": str(self.kernel_info["dn_split"])})
+                kernel = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions),
+                                                               "KOG_DN_SPLIT": str(self.kernel_info["dn_split"])})
             self.stream.synchronize()
+            if kernel.info["positions"] != self.draft_positions:  # (a kernel_dir of another version, say)
+                raise KogError(f"the drafts' decode kernel was not built for {self.draft_positions} positions a pass")
+            self._drafts = kernel
         return self._drafts
 
     def _launch1d(self, kernel, n: int, args) -> None:
