@@ -55,20 +55,25 @@ __device__ __forceinline__ void run_filler_code(const Ctx& c) {
     if (a0 + a1 + a2 + a3 == 1.2345f) c.red16[0] = a0;  // never: keeps the chains
 }
 
-// ---- one pass through the model: a token, or NPOS positions (DRAFTS) ---------------------
+// ---- one pass through the model: a token, or up to NPOS positions (DRAFTS) --------------
+// forward<NP> and what it calls are built twice where DRAFTS: NP = 1 runs a pass without a draft on the plain
+// decode's code, NP = NPOS a pass with one (pass_positions). The layouts (hop space, shared memory) are NPOS's in
+// both.
 using XOwn = float[NPOS][MO::MAXR];  // this block's rows of the residual stream, a row of them a position
 
 // Item i of a loop over the pass's positions' rows, n rows a position, taken position-major by all threads (so
-// that a product's epilogue keeps NPOS times the threads busy): its position; its row is i - position x n.
-__device__ __forceinline__ int item_position(int i, int n) { return NPOS == 1 ? 0 : i / n; }
+// that a product's epilogue keeps the pass's positions times the threads busy): its position; its row is
+// i - position x n.
+template <int NP>
+__device__ __forceinline__ int item_position(int i, int n) { return NP == 1 ? 0 : i / n; }
 
 // The block's rows of an H-row product (O, down) into its slice of the residual stream, which
 // every block then reads as tagged words of the next phase.
-template <class M>
+template <class M, int NP>
 __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, XOwn& xown) {
     const int r0 = M::row0(c.b), nr = M::row0(c.b + 1) - r0;
-    for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
-        const int p = item_position(i, nr), r = i - p * nr;
+    for (int i = c.tid; i < pass_positions<NP>(c) * nr; i += NTHR) {
+        const int p = item_position<NP>(i, nr), r = i - p * nr;
         xown[p][r] += mv_result<M>(red + p * MV_RED, r);
         hop_st_tagged(c, HV_X + p * H + r0 + r, xown[p][r], c.epoch + 1);
     }
@@ -79,16 +84,19 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
 // down's slices then add their partial sums (decode_sync.cuh). A token's first layer starts from
 // its embedding row (xown) where the summed words still hold the last token's stream.
 // (A block that takes no QKV rows, QKV_SKIP, runs an attention unit instead, which O's adds need too.)
+// DRAFTS: the words of the positions a pass does not feed take the count of the pass's adds in one add, at its
+// first layer; the next pass that reads them comes after the token choice's release and acquire, so it finds
+// them counted. (Counted as they come, of 0 each, they cost the big shapes' layers a few percent.)
 static_assert(NQKV >= NBLK - QKV_SKIP, "every block reads the stream before its QKV rows: no O add can come before that read");
+template <int NP>
 __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const XOwn& xown, int l) {
     constexpr long long XMAX = (long long)SUM_X_MAX << SUM_FRAC;
-    const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0;
-    for (int i = c.tid; i < NPOS * nr; i += NTHR) {
-        const int p = item_position(i, nr), r = i - p * nr;
-        if (p >= pass_positions(c)) {  // (a position past the pass's: its words still count every add, of 0)
-            hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(0));
-            continue;
-        }
+    constexpr kog_u64 PASS_ADDS = (kog_u64)(NL * (DN_SPLIT + 1) & 255) << 56;  // a pass's adds to a word, counted
+    const int r0 = MO::row0(c.b), nr = MO::row1(c.b) - r0, npos = pass_positions<NP>(c);
+    if (DRAFTS && l == 0)
+        for (int i = npos * nr + c.tid; i < NPOS * nr; i += NTHR) hop_red_add(c, HV_XSUM + i / nr * H + r0 + i % nr, PASS_ADDS);
+    for (int i = c.tid; i < npos * nr; i += NTHR) {
+        const int p = item_position<NP>(i, nr), r = i - p * nr;
         const long long x0 = l == 0 ? sum_fixed(xown[p][r], SUM_X_MAX) : kog_xfix[p][r];
         const long long x = min(max(x0 + sum_fixed(mv_result<MO>(red + p * MV_RED, r), SUM_X_MAX), -XMAX), XMAX);
         hop_st_tagged(c, HV_X + p * H + r0 + r, sum_float(x), c.epoch + 1);
@@ -105,9 +113,10 @@ __device__ __forceinline__ int act_word(int p, int j) { return HV_ACT + (j / DN_
 // norm): where down is split its slices' sums meet in the summed words; else down's owners
 // published the tagged words. (The final norm is traced as a layer input too, in layer NL - 1,
 // which bench/decode_breakdown.py never traces.)
+template <int NP>
 __device__ __forceinline__ bool stage_norm_layer_input(const Ctx& c, float* xs, int layers, const float* w) {
-    if (DN_SPLIT > 1) return stage_norm<SumWord>(c, xs, HV_XSUM, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
-    return stage_norm(c, xs, HV_X, c.epoch, nullptr, w, NORM_LAYER_INPUT);
+    if (DN_SPLIT > 1) return stage_norm<NP, SumWord>(c, xs, HV_XSUM, sum_tag(layers), nullptr, w, NORM_LAYER_INPUT);
+    return stage_norm<NP>(c, xs, HV_X, c.epoch, nullptr, w, NORM_LAYER_INPUT);
 }
 
 // LM_SCREEN (decode_common.cuh), all threads: the block's LM head rows screened in int8, the exact logits
@@ -137,7 +146,7 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     mx = 0.f;
     for (int w = 0; w < NW; ++w) mx = fmaxf(mx, red_mx[w]);
     const float sx = fmaxf(mx, 1e-30f) * (1.f / LM8_XQ);
-    mv_run<MLM8, MAT_LM>(c, xs, red, 1.f / sx);
+    mv_run<MLM8, MAT_LM, 1>(c, xs, red, 1.f / sx);
     // |x|^2 of x times a power of two near 1 / max |x| (exact), so that no square underflows or overflows
     const int ebits = __float_as_int(fminf(fmaxf(mx, 1e-30f), 1e30f)) & 0x7f800000;
     const float p2 = __int_as_float(0x7f000000 - ebits);  // 2^-k, max |x| in [2^k, 2^(k+1))
@@ -193,41 +202,42 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     publish_block_best(c, best);
 }
 
-// The pass's tokens (shared memory) at positions pos .. pos + pass_positions(c) - 1.
+// The pass's tokens (shared memory) at positions pos .. pos + pass_positions<NP>(c) - 1.
+template <int NP>
 __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
     float* red = c.sm + NPOS * MV_X;
     const int b = c.b;
     const unsigned short* w = P->w;
-    const int last = pos + pass_positions(c) - 1;  // the context's last position this pass
+    const int npos = pass_positions<NP>(c), last = pos + npos - 1;  // the context's last position this pass
     // the attention's units per kv head depend on the position alone: whether O's gather merges them
-    const int nbc_now = CM_MAX > 1 ? att_units_now(last) : 1;
-    const bool o_merges = nbc_now > 1 && merged_in_o(nbc_now);
+    const int nbc_now = CM_MAX > 1 && NP == 1 ? att_units_now(last) : 1;
+    const bool o_merges = nbc_now > 1 && merged_in_o<NP>(nbc_now);
     for (int l = 0; l < NL; ++l) {
         c.layer = l;
         const float* sl = P->ws + (long long)l * SSTRIDE;
         // --- QKV
-        if (ATT_EARLY_AT == 2 || (ATT_EARLY_AT >= 3 && l == 0)) att_prefetch(c, l, pos);  // they land during the hop and the QKV product
+        if (ATT_EARLY_AT == 2 || (ATT_EARLY_AT >= 3 && l == 0)) att_prefetch<NP>(c, l, pos);  // they land during the hop and the QKV product
         if (l == 0) {
             const int nr = MO::row0(b + 1) - MO::row0(b);
-            for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
-                const int p = item_position(i, nr), r = i - p * nr;
+            for (int i = c.tid; i < npos * nr; i += NTHR) {
+                const int p = item_position<NP>(i, nr), r = i - p * nr;
                 xown[p][r] = kog_bf16(w[OFF_EMB + (long long)tokens[p] * H + MO::row0(b) + r]);
             }
-            stage_norm(c, xs, HV_X, 0, tokens, sl + S_ATTN_NORM);
+            stage_norm<NP>(c, xs, HV_X, 0, tokens, sl + S_ATTN_NORM);
         } else {
-            if (!stage_norm_layer_input(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
+            if (!stage_norm_layer_input<NP>(c, xs, c.step * NL + l, sl + S_ATTN_NORM)) return false;
             trace_event(c);
         }
-        if (ATT_EARLY_AT == 1) att_prefetch(c, l, pos);
+        if (ATT_EARLY_AT == 1) att_prefetch<NP>(c, l, pos);
         {
-            mv_run<MQKV, MAT_QKV>(c, xs, red);
+            mv_run<MQKV, MAT_QKV, NP>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_QKV, 4);
             const int r0 = MQKV::row0(b), nr = MQKV::row0(b + 1) - r0;
-            for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
-                const int p = item_position(i, nr), r = i - p * nr;
+            for (int i = c.tid; i < npos * nr; i += NTHR) {
+                const int p = item_position<NP>(i, nr), r = i - p * nr;
                 float v = mv_result<MQKV>(red + p * MV_RED, r);
 #if KOG_QKV_BIAS
                 v += sl[S_BQKV + r0 + r];
@@ -239,10 +249,10 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
         end_phase(c);
         const unsigned e_qkv = c.epoch;
         // --- attention (reads only its own kv head's q/k/v)
-        const bool att_ok = attention(c, l, pos, e_qkv);
+        const bool att_ok = attention<NP>(c, l, pos, e_qkv);
         if (HOLD >> MAT_QKV & 1) ring_release(c);
         AttUnit unit;
-        const bool att_work = att_unit_of(b, last, unit) && unit.p < pass_positions(c);
+        const bool att_work = att_unit_of(b, last, npos, unit);
         if (!att_work) run_filler_code<KOG_ICACHE_LAYER_KB>(c);  // (a block without attention work waits here anyway)
         if (STASH && (!att_work || STASH_ATT == 1)) stash_fill<MAT_GU>(c, !att_work);  // paced where the block had no attention work
         if (!__syncthreads_and(att_ok)) return false;  // every warp reaches the barrier, failed or not
@@ -250,32 +260,32 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
         // --- O projection + residual
         // (KOG_EXP 11, timing only: O's product takes its input as it stands, so that only the attention
         // blocks' own O rows follow their attention: what folding O into the attention could gain at most)
-        if (KOG_EXP != 11 && !(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD>(c, xs, HV_ATTN, c.epoch)))
+        if (KOG_EXP != 11 && !(o_merges ? stage_attn_merged(c, xs, nbc_now, c.epoch) : stage_copy<QD, NP>(c, xs, HV_ATTN, c.epoch)))
             return false;
         trace_event(c);
         {
-            mv_run<MO, MAT_O>(c, xs, red);
+            mv_run<MO, MAT_O, NP>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_O, 4);
-            if (DN_SPLIT == 1) add_to_residual<MO>(c, red, xown);
-            else add_o_summed(c, red, xown, l);
+            if (DN_SPLIT == 1) add_to_residual<MO, NP>(c, red, xown);
+            else add_o_summed<NP>(c, red, xown, l);
             trace_mv(c, MAT_O, 5);
         }
         if (STASH && att_work && STASH_ATT >= 2) stash_fill<MAT_GU>(c, STASH_ATT == 3);
         end_phase(c);
-        if (ATT_EARLY_AT == 3 && l + 1 < NL) att_prefetch(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
+        if (ATT_EARLY_AT == 3 && l + 1 < NL) att_prefetch<NP>(c, l + 1, pos);  // (the tiles a layer reads were final before this token)
         // --- gate/up + SiLU
         // (KOG_EXP 13, timing only: gate/up's product takes its input as it stands, so that it follows the block's
         // own O rows: what folding O into gate/up, W' = Wgu diag(w2) Wo, could gain at most; PERF.md session 61)
-        if (KOG_EXP != 13 && !stage_norm(c, xs, HV_X, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
+        if (KOG_EXP != 13 && !stage_norm<NP>(c, xs, HV_X, c.epoch, nullptr, sl + S_MLP_NORM, NORM_GATE_UP)) return false;
         trace_event(c);
         {
-            mv_run<MGU, MAT_GU>(c, xs, red);
+            mv_run<MGU, MAT_GU, NP>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_GU, 4);
             const int r0 = MGU::row0(b), np = (MGU::row0(b + 1) - r0) / 2;
-            for (int i = c.tid; i < pass_positions(c) * np; i += NTHR) {
-                const int p = item_position(i, np), j = i - p * np;
+            for (int i = c.tid; i < npos * np; i += NTHR) {
+                const int p = item_position<NP>(i, np), j = i - p * np;
                 const float gt = mv_result<MGU>(red + p * MV_RED, 2 * j), up = mv_result<MGU>(red + p * MV_RED, 2 * j + 1);
                 const float a = gt / (1.0f + expf(-gt)) * up;
                 hop_st_tagged(c, act_word(p, r0 / 2 + j), a, c.epoch + 1);
@@ -283,24 +293,23 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
             trace_mv(c, MAT_GU, 5);
         }
         end_phase(c);
-        if (ATT_EARLY_AT == 4 && l + 1 < NL) att_prefetch(c, l + 1, pos);
+        if (ATT_EARLY_AT == 4 && l + 1 < NL) att_prefetch<NP>(c, l + 1, pos);
         if (STASH && STASH_DN) stash_fill<MAT_DN>(c, STASH_DN == 2);
         // --- down + residual
         // (KOG_EXP 14, timing only: down's product takes its slice of act as it stands: the gate/up -> down hop gone)
-        if (KOG_EXP != 14 && !stage_copy<DN_K>(c, xs, act_word(0, MDN::group(b) * DN_K), c.epoch)) return false;  // the block's slice
+        if (KOG_EXP != 14 && !stage_copy<DN_K, NP>(c, xs, act_word(0, MDN::group(b) * DN_K), c.epoch)) return false;  // the block's slice
         trace_event(c);
         {
-            mv_run<MDN, MAT_DN>(c, xs, red);
+            mv_run<MDN, MAT_DN, NP>(c, xs, red);
             __syncthreads();
             trace_mv(c, MAT_DN, 4);
             if (DN_SPLIT == 1) {
-                add_to_residual<MDN>(c, red, xown);
+                add_to_residual<MDN, NP>(c, red, xown);
             } else {
                 const int r0 = MDN::row0(b), nr = MDN::row1(b) - r0;
-                for (int i = c.tid; i < NPOS * nr; i += NTHR) {  // (every position's words: see add_o_summed)
-                    const int p = item_position(i, nr), r = i - p * nr;
-                    const float v = p < pass_positions(c) ? mv_result<MDN>(red + p * MV_RED, r) : 0.f;
-                    hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(sum_fixed(v, SUM_PART_MAX)));
+                for (int i = c.tid; i < npos * nr; i += NTHR) {
+                    const int p = item_position<NP>(i, nr), r = i - p * nr;
+                    hop_red_add(c, HV_XSUM + p * H + r0 + r, sum_add(sum_fixed(mv_result<MDN>(red + p * MV_RED, r), SUM_PART_MAX)));
                 }
             }
             trace_mv(c, MAT_DN, 5);
@@ -310,23 +319,23 @@ __device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& x
     // --- final norm + LM head (+ per-block argmax / sampling keys)
     int cancel = 0;
     if (b == 0 && c.tid == 0) cancel = kog_ld_sys_s32(P->host_cancel);
-    if (!stage_norm_layer_input(c, xs, (c.step + 1) * NL, P->ws + S_FINAL)) return false;
+    if (!stage_norm_layer_input<NP>(c, xs, (c.step + 1) * NL, P->ws + S_FINAL)) return false;
     trace_event(c);
-    if (LM_SCREEN && c.st.lm8) {
+    if (LM_SCREEN && NP == 1 && c.st.lm8) {
         lm_screen_pick(c, xs, red);
     } else {
-        mv_run<MLM, MAT_LM>(c, xs, red);
+        mv_run<MLM, MAT_LM, NP>(c, xs, red);
         __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
-        Best best[NPOS];
+        Best best[NP];
 #pragma unroll
-        for (int p = 0; p < NPOS; ++p) best[p] = {-KOG_INF, 0x7fffffff};
-        for (int i = c.tid; i < pass_positions(c) * nr; i += NTHR) {
-            const int p = item_position(i, nr), r = i - p * nr;
+        for (int p = 0; p < NP; ++p) best[p] = {-KOG_INF, 0x7fffffff};
+        for (int i = c.tid; i < npos * nr; i += NTHR) {
+            const int p = item_position<NP>(i, nr), r = i - p * nr;
             const float v = mv_result<MLM>(red + p * MV_RED, r);
             if (!DRAFTS) P->logits[r0 + r] = v;  // (DRAFTS: greedy, so no logits are kept)
 #pragma unroll
-            for (int q = 0; q < NPOS; ++q)
+            for (int q = 0; q < NP; ++q)
                 if (q == p) post_logit(P, greedy, r0 + r, v, best[q]);
         }
         publish_block_bests(c, best);
@@ -354,7 +363,7 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int* chosen, int& ca
     if (!wait_all(c, c.epoch)) return false;
     if (greedy) {
         static_assert(NPOS <= NW, "a warp gathers a position's best");
-        if (c.warp < NPOS) {
+        if (c.warp < c.npos) {  // (the last pass's positions: a pass without a draft published one best)
             const Best x = gather_best(c, c.warp);
             if (c.lane == 0) chosen[c.warp] = x.i;
             if (c.warp == 0 && c.lane == 0) c.sint[2] = kog_ldcg_s32(P->ctl + 1);
@@ -466,6 +475,7 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
     c.warp = threadIdx.x >> 5;
     c.epoch = 0;
     c.step = -1, c.layer = -1;  // no token yet: ring_start's refills are not traced
+    c.npos = 1;
     c.sm = kog_smem;
     c.red16 = red16;
     c.sint = sint;
@@ -533,7 +543,8 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         __syncthreads();
         if (DRAFTS) drafted = draft_search(c, pos, pass_tokens, &draft_key);
         c.npos = 1 + drafted;
-        if (!forward(c, pass_tokens, pos, greedy, xown)) {
+        if (DRAFTS && LM_SCREEN) c.st.lm8 = !drafted && screens_lm_head(P);  // (its stream reaches the LM head in this pass)
+        if (!(DRAFTS && drafted ? forward<NPOS>(c, pass_tokens, pos, greedy, xown) : forward<1>(c, pass_tokens, pos, greedy, xown))) {
             ok = false;
             break;
         }

@@ -45,10 +45,12 @@ __device__ __forceinline__ void att_load_tiles(Ctx& c, const float* kbase, const
 }
 
 // ATT_EARLY: the unit's first round of tiles of layer l, issued ahead of its attention (forward(); the pass's
-// positions pos .. pos + pass_positions(c) - 1).
+// positions pos .. pos + pass_positions<NP>(c) - 1).
+template <int NP>
 __device__ __forceinline__ void att_prefetch(Ctx& c, int l, int pos) {
     AttUnit a;
-    if (!ATT_EARLY || !att_unit_of(c.b, pos + pass_positions(c) - 1, a) || a.p >= pass_positions(c)) return;  // block-uniform
+    const int npos = pass_positions<NP>(c);
+    if (!ATT_EARLY || !att_unit_of(c.b, pos + npos - 1, npos, a)) return;  // block-uniform
     att_load_tiles(c, att_cache(c.P->kc, c.P, l, a.g), att_cache(c.P->vc, c.P, l, a.g), a.t0, min(TBR, a.t1 - a.t0),
                    pos, att_stage(c, 0));
     c.st.tiles_group = c.st.groups;
@@ -222,9 +224,9 @@ __device__ bool att_merge(const Ctx& c, int p, int g, int h0, int gh, int bc, in
     if (merging && part == 0) {  // the runs in order
 #pragma unroll
         for (int i = 0; i < DL; ++i) o[i] = 0.f;
-        for (int p = 0; p < wph; ++p)
+        for (int run = 0; run < wph; ++run)
 #pragma unroll
-            for (int i = 0; i < DL; ++i) o[i] += scratch[(c.warp + p) * (D + 2) + lane + 32 * i];
+            for (int i = 0; i < DL; ++i) o[i] += scratch[(c.warp + run) * (D + 2) + lane + 32 * i];
         kog_u64* const out = hop_word(c, HV_ATTN + p * QD + (g * G + h) * D);
 #pragma unroll
         for (int i = 0; i < DL; ++i) hop_store(out + lane + 32 * i, o[i] / L, tag);
@@ -237,8 +239,8 @@ __device__ bool att_merge(const Ctx& c, int p, int g, int h0, int gh, int bc, in
 // of a shared-memory phase read 8 rows, conflict-free). Straight-line code, no branches per row. Rows from jn
 // on are the pass's new positions pos, pos + 1, .. where this tile holds them: their k comes from shared memory
 // (ks, a row a position), their v after the tile's rows. The query's context ends at L - 1 (the unit's position):
-// rows past it get weight 0 (exact zeros below).
-template <int S>
+// rows past it get weight 0 (exact zeros below). NP: the positions the pass's code is built for.
+template <int S, int NP>
 __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot, const float* q, const float* ks, const float* vs, float* pw,
                                          int base, int sub, int L, int pos, float& m, float& lsum, float (&acc)[DL]) {
     constexpr int PP = 32 / S;  // the warp's rows
@@ -249,7 +251,7 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
     const float* vt = kt + 32 * KT;
     const int r = S == 1 ? lane : lane % PP, sc = S == 1 ? 0 : lane / PP, row = p0 + r;
     const bool valid = row < nv;
-    const float* kp = row < jn ? kt + row * KT : ks + min(row - off, NPOS - 1) * D;
+    const float* kp = row < jn ? kt + row * KT : ks + min(row - off, NP - 1) * D;
     float s4[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: short dependency chains
 #pragma unroll
     for (int j = 0; j < D / 4 / S; ++j) {
@@ -266,7 +268,7 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
     for (int x = PP; x < 32; x <<= 1) dot += kog_shfl_xor(dot, x);  // the row's S lanes (the same sum in each)
     const float sv = valid ? dot * SCALE : -KOG_INF;
     const float mn = fmaxf(m, kog_wave_max(sv));
-    const float corr = NPOS > 1 && mn == -KOG_INF ? 1.f : expf(m - mn);  // (a unit none of whose rows is in the query's context yet)
+    const float corr = NP > 1 && mn == -KOG_INF ? 1.f : expf(m - mn);  // (a unit none of whose rows is in the query's context yet)
     const float pe = valid ? expf(sv - mn) : 0.f;
     lsum = lsum * corr + kog_wave_sum(sc == 0 ? pe : 0.f);  // each row once
 #pragma unroll
@@ -287,7 +289,7 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
             for (int i = 0; i < DL; ++i) acc[i] = fmaf(wj[jj], vt[(p0 + 4 * j4 + jj) * D + lane + 32 * i], acc[i]);
     }
 #pragma unroll
-    for (int j = 0; j < NPOS; ++j) {  // the new positions in the query's context among the warp's rows (warp-uniform)
+    for (int j = 0; j < NP; ++j) {  // the new positions in the query's context among the warp's rows (warp-uniform)
         const int rn = off + j;
         if (rn >= p0 && rn < p0 + PP && rn < nv) {
             const float wn = pw[rn - p0];
@@ -298,14 +300,15 @@ __device__ __forceinline__ void att_tile(int lane, const float* tiles, int kslot
     kog_wave_sync();  // pw is rewritten next round
 }
 
-// The pass's positions pos .. pos + pass_positions(c) - 1: this block's unit (if any) runs one of them (DRAFTS:
-// positions past the context's end are computed, but no cache row of theirs is written, and they read the last
-// position's RoPE row).
+// The pass's positions pos .. pos + pass_positions<NP>(c) - 1: this block's unit (if any) runs one of them
+// (DRAFTS: positions past the context's end are computed, but no cache row of theirs is written, and they read
+// the last position's RoPE row).
+template <int NP>
 __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     const KParams* P = c.P;
-    const int npos = pass_positions(c), last = pos + npos - 1;
+    const int npos = pass_positions<NP>(c), last = pos + npos - 1;
     AttUnit a;
-    if (!att_unit_of(c.b, last, a) || a.p >= npos) return true;  // block-uniform: this block has no unit
+    if (!att_unit_of(c.b, last, npos, a)) return true;  // block-uniform: this block has no unit
     const int u = c.b, g = a.g, bc = a.bc, nbc = a.nbc, t0 = a.t0, t1 = a.t1, gh = a.gh, h0 = a.h0, qp = a.p;
     const int L = pos + qp + 1;  // the unit's query position is L - 1
     const bool has_new = pos / 32 < t1;  // this unit's last tile holds a new position
@@ -332,7 +335,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
     // position's k and v
     const int q0 = g * G * D, k0 = QD + g * D, v0 = QD + KVD + g * D;
     const int ctx = (int)P->ctx_limit;
-    constexpr int KVR = NPOS;  // k / v rows a warp gathers
+    constexpr int KVR = NP;  // k / v rows a warp gathers
     bool ok = true;
     if (warp < gh || (has_new && warp < gh + 2)) {  // warp h < gh: query head h0 + h; gh: k; gh + 1: v
         const bool is_q = warp < gh;
@@ -346,7 +349,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         for (int j = 0; j < KVR; ++j) {
             const int p = is_q ? qp : min(j, rows - 1);  // (rows past the pass's: its last, gathered again)
             if (j < rows) {
-                const long long at = (long long)(NPOS == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
+                const long long at = (long long)(NP == 1 ? pos : min(pos + p, ctx - 1)) * HALF;
 #pragma unroll
                 for (int i = 0; i < DL / 2; ++i)
                     co[j][i] = __ldg(P->rcos + at + lane + 32 * i), si[j][i] = __ldg(P->rsin + at + lane + 32 * i);
@@ -368,7 +371,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 #pragma unroll
         for (int j = 0; j < KVR; ++j) {
             if (j >= rows) break;
-            const bool keep = writes_kv && (NPOS == 1 || pos + j < ctx);  // (no cache row past the context)
+            const bool keep = writes_kv && (NP == 1 || pos + j < ctx);  // (no cache row past the context)
             if (warp == gh + 1) {
 #pragma unroll
                 for (int i = 0; i < DL; ++i) {
@@ -424,10 +427,10 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
         const int tile = r0 + kslot;
         if (busy && tile < t1 && KOG_EXP != 1) {  // warp-uniform
             float* const pw = pbuf + warp * 32;
-            if (ATT_SPLIT_MAX >= 8 && split == 8) att_tile<8>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
-            else if (ATT_SPLIT_MAX >= 4 && split == 4) att_tile<4>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
-            else if (ATT_SPLIT_MAX >= 2 && split == 2) att_tile<2>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
-            else att_tile<1>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            if (ATT_SPLIT_MAX >= 8 && split == 8) att_tile<8, NP>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 4 && split == 4) att_tile<4, NP>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else if (ATT_SPLIT_MAX >= 2 && split == 2) att_tile<2, NP>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
+            else att_tile<1, NP>(lane, round_tiles, kslot, q, ks, vs, pw, tile * 32, sub, L, pos, m, lsum, acc);
         }
         trace_att(c, l, u, 7);
         __syncthreads();  // the tile buffers are refilled next round
@@ -469,7 +472,7 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
             if (lane == 0) hop_store(pr + D, M, epoch_qkv + 1), hop_store(pr + D + 1, Ls, epoch_qkv + 1);
         }
     }
-    if (nbc > 1 && !merged_in_o(nbc)) {  // (else every block merges the records: stage_attn_merged)
+    if (nbc > 1 && !merged_in_o<NP>(nbc)) {  // (else every block merges the records: stage_attn_merged)
         trace_att(c, l, u, 4);
         __syncthreads();  // rec was read above: the merge's partial sums go there
         ok &= att_merge(c, qp, g, h0, gh, bc, nbc, epoch_qkv + 1, rec);
@@ -484,17 +487,17 @@ __device__ bool attention(Ctx& c, int l, int pos, unsigned epoch_qkv) {
 // attention's critical path; O's gather takes 2 x nbc words a pair instead of one).
 __device__ __forceinline__ int att_units_now(int pos) {  // units per kv head (group) where the context's last position is pos
     AttUnit a{};
-    att_unit_of(0, pos, a);  // (block 0 always has a unit)
+    att_unit_of(0, pos, 1, a);  // (block 0 always has a unit; O's gather merges a pass of one position's)
     return a.nbc;
 }
-// All threads: O's input (QD values a position, split layout at xs + p MV_X) merged from the nbc units' records.
-// False on timeout.
+// All threads: O's input (QD values, split layout at xs) merged from the nbc units' records. False on timeout.
+// (A pass of one position: merged_in_o.)
 __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag) {
-    using T = Tagged<NPOS * QD>;
+    using T = Tagged<QD>;
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (pass_pair<QD>(c, k)) pending |= 1u << k;
+        if (T::has(c.tid, k)) pending |= 1u << k;
     kog_u64 t0 = 0;
     bool ok = true;
     kog_u64* const hop = c.P->hop;
@@ -503,9 +506,8 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
             if ((pending >> k) & 1u) {
-                const int e = 2 * (c.tid + k * NTHR), p = position_of<QD>(e), i = e - p * QD;
-                const int hh = i / D, d = i - hh * D;  // position p, query head hh, dims d, d + 1
-                const int r0 = (p * NKV + hh / G) * MAXCH * G + hh % G;  // unit 0's record (unit u's: r0 + u G)
+                const int e = 2 * (c.tid + k * NTHR), hh = e / D, d = e - hh * D;  // query head hh, dims d, d + 1
+                const int r0 = (hh / G) * MAXCH * G + hh % G;  // unit 0's record (unit u's: r0 + u G)
 #pragma unroll
                 for (int u = 0; u < CM_MAX; ++u)
                     if (u < nbc) {
@@ -534,8 +536,7 @@ __device__ bool stage_attn_merged(const Ctx& c, float* xs, int nbc, unsigned tag
                         L = fmaf(wt, kog_value_of(sw[k][u].y), L);
                         o0 = fmaf(wt, kog_value_of(vw[k][u].x), o0), o1 = fmaf(wt, kog_value_of(vw[k][u].y), o1);
                     }
-                const int e = 2 * (c.tid + k * NTHR), p = position_of<QD>(e);
-                *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * QD)) = make_float2(o0 / L, o1 / L);
+                *reinterpret_cast<float2*>(xs + xs_index(2 * (c.tid + k * NTHR))) = make_float2(o0 / L, o1 / L);
                 pending &= ~(1u << k);
             }
         if (!kog_wave_any(pending)) break;

@@ -156,11 +156,13 @@ constexpr int ATT_RMAX = KOG_ATT_RMAX >= 0 ? KOG_ATT_RMAX : WIDE_KV_GROUP ? 1 : 
 // Where a kv head's tiles span 2 .. CM_MAX units, no unit merges the records: every block merges
 // them as it stages O's input (stage_attn_merged, decode_attention.cuh). Only where a thread
 // stages one pair of O's input: SmolLM2 (QD 576) gained +3.7% at a 32-token prompt and +3.9% at
-// 160 with 3; with 5 it lost 2.5%, and Llama lost 12.6% with 3 (spills; PERF.md session 32). (So not
-// where a pass takes several positions: a thread then stages several pairs.)
-constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : NPOS * QD <= 2 * NTHR ? 3 : 0;
-// Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input.
-__host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return CM_MAX > 1 && nbc <= CM_MAX; }
+// 160 with 3; with 5 it lost 2.5%, and Llama lost 12.6% with 3 (spills; PERF.md session 32). (Only in a pass
+// of one position: in a pass of several a thread would stage several pairs, and the units merge themselves.)
+constexpr int CM_MAX = KOG_CM >= 0 ? KOG_CM : QD <= 2 * NTHR ? 3 : 0;
+// Whether a kv head's nbc (> 1) units are merged by every block as it stages O's input, in a pass whose code is
+// built for NP positions.
+template <int NP>
+__host__ __device__ __forceinline__ constexpr bool merged_in_o(int nbc) { return NP == 1 && CM_MAX > 1 && nbc <= CM_MAX; }
 // Words of one (unit, query head) record of the attention (at HV_PART): D values, the max and the sum.
 // By shape: where O's gather merges the units' records (CM_MAX), padded to whole 128-byte lines, so that the
 // warps reading different heads' records never load the same line in one round: in
@@ -190,10 +192,10 @@ constexpr int ATT_SPLIT_MAX = KOG_ATT_SPLIT > 0 ? cmin(pow2_floor(KOG_ATT_SPLIT)
 __device__ __forceinline__ int att_split(int gh) { return ATT_SPLIT_MAX == 1 ? 1 : cmin(ATT_SPLIT_MAX, pow2_floor(NW / (gh * TBR))); }
 
 // ---- the attention's plan: which blocks run which (position, kv head, query heads, tiles) ----
-// Each of a pass's NPOS positions has its own units (a unit runs one query position, as the plain decode's), so
-// that a pass's attention spreads over NPOS times the blocks.
-__host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, int& tpu) {
-    const int want = cmin((ntile + TBR - 1) / TBR, NBLK / (NKV * NPOS));
+// Each of a pass's npos positions has its own units (a unit runs one query position, as the plain decode's), so
+// that a pass's attention spreads over npos times the blocks (a pass of one position: the plain decode's plan).
+__host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, int npos, int& tpu) {
+    const int want = cmin((ntile + TBR - 1) / TBR, NBLK / (NKV * npos));
     tpu = (ntile + want - 1) / want;  // tiles per block-unit
     return (ntile + tpu - 1) / tpu;   // no empty unit
 }
@@ -201,13 +203,13 @@ __host__ __device__ __forceinline__ constexpr int att_units_per_head(int ntile, 
 struct AttUnit {  // a block's attention unit for one pass: the pass's position p, kv head g, its query heads h0 .. h0 + gh - 1,
     int p, g, h0, gh, bc, nbc, t0, t1;  // unit bc of nbc, tiles [t0, t1)
 };
-// Block b's unit when the pass's last position is pos (every position's units take the tiles of the
-// last's plan; a position's query reads those of its rows that are in its context); false where the block
+// Block b's unit when the pass of npos positions ends at position pos (every position's units take the tiles of
+// the last's plan; a position's query reads those of its rows that are in its context); false where the block
 // has none. While the
 // context is short (ATT_RMAX), a kv head's query heads are split over several blocks, the most
 // groups whose units take at most ATT_RMAX rounds of tiles and fit the grid: each block then
 // runs fewer (head, tile) pairs, and its units need no merge where one unit covers every tile.
-__host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, AttUnit& a) {
+__host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, int npos, AttUnit& a) {
     const int ntile = (pos + 32) / 32;
     int groups = 1, tpu = 0;
     if (ATT_RMAX > 0) {
@@ -215,13 +217,13 @@ __host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, A
         const int want = ((ntile + TBR - 1) / TBR + RMAX - 1) / RMAX;  // units per (kv head, group)
 #pragma unroll
         for (int h = G; h > 1; --h)
-            if (groups == 1 && G % h == 0 && NPOS * NKV * h * want <= NBLK) groups = h;
+            if (groups == 1 && G % h == 0 && npos * NKV * h * want <= NBLK) groups = h;
         if (groups > 1) tpu = (ntile + want - 1) / want, a.nbc = (ntile + tpu - 1) / tpu;
     }
-    if (groups == 1) a.nbc = att_units_per_head(ntile, tpu);
+    if (groups == 1) a.nbc = att_units_per_head(ntile, npos, tpu);
     const int per_g = groups * a.nbc, per_p = NKV * per_g;
-    if (b >= NPOS * per_p) return false;
-    a.p = NPOS == 1 ? 0 : b / per_p;
+    if (b >= npos * per_p) return false;
+    a.p = npos == 1 ? 0 : b / per_p;
     b -= a.p * per_p;
     a.g = b / per_g;
     const int r = b - a.g * per_g, hg = groups > 1 ? r / a.nbc : 0;
@@ -230,17 +232,18 @@ __host__ __device__ __forceinline__ constexpr bool att_unit_of(int b, int pos, A
     a.t0 = a.bc * tpu, a.t1 = cmin(ntile, a.t0 + tpu);
     return true;
 }
-// Blocks 0 .. att_min_blocks() - 1 run an attention unit at every position (units take the grid's
-// first blocks). Past TBR x RMAX x NBLK tiles a kv head's query heads form one group of about
+// Blocks 0 .. att_min_blocks() - 1 run an attention unit at every position, in every pass (units take the
+// grid's first blocks). Past TBR x RMAX x NBLK tiles a kv head's query heads form one group of about
 // NBLK / NKV units, more than the fewest, so the plans up to there decide it (a 16-block grid takes
 // 10 on Qwen2.5 where one tile takes 12: the fewest is not always at one tile).
 __host__ __device__ constexpr int att_min_blocks() {
     int least = NBLK;
-    for (int t = 1; t <= TBR * cmax(ATT_RMAX, 1) * NBLK; ++t) {
-        AttUnit a{};
-        att_unit_of(0, 32 * (t - 1), a);  // block 0 always has a unit; its group holds nbc of them
-        least = cmin(least, NPOS * NKV * (G / a.gh) * a.nbc);
-    }
+    for (int npos = 1; npos <= NPOS; ++npos)
+        for (int t = 1; t <= TBR * cmax(ATT_RMAX, 1) * NBLK; ++t) {
+            AttUnit a{};
+            att_unit_of(0, 32 * (t - 1), npos, a);  // block 0 always has a unit; its group holds nbc of them
+            least = cmin(least, npos * NKV * (G / a.gh) * a.nbc);
+        }
     return least;
 }
 // QKV_SKIP: the first blocks, which run the attention at every position, take no QKV rows: their
@@ -341,8 +344,8 @@ constexpr long long OFF_LMH = KOG_TIED ? OFF_EMB : OFF_EMB + (long long)VOCAB * 
 // input vector is 8 registers of bytes, as a bf16 row's is 8 of floats; short rows in pairs, MLM8).
 // By shape, rows of at least 1,536 values: after a screened head SmolLM2's weight copies issue slower for
 // the whole token, for a reason not yet known (PERF.md v42-v44, session 38).
-// (Not yet with drafts: a pass screens one position.)
-constexpr bool LM_SCREEN = !DRAFTS && (KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0);
+// DRAFTS: a pass without a draft screens (its one position); a pass with one reads the bf16 rows.
+constexpr bool LM_SCREEN = KOG_LM_SCREEN >= 0 ? KOG_LM_SCREEN != 0 : H >= 1536 && H % 16 == 0;
 constexpr long long OFF_LM8 = OFF_LMH + (long long)VOCAB * H;  // the int8 rows (bf16 units: two per element pair)
 static_assert(!LM_SCREEN || H % 16 == 0, "the int8 rows as whole 16-byte vectors");
 // small fp32 vectors per layer
@@ -717,11 +720,20 @@ struct Stream {  // the next granule this warp issues, and the ring's counters
     unsigned tiles_group;  // groups right after the attention's first tiles were committed (ATT_EARLY)
     int stash_g0, stash_n;  // STASH: the next product's granules stash_g0, stash_g0 + NW, ... (stash_n of them) wait in the stash
     unsigned stash_group;   // groups right after the stash's last was committed
-    bool lm8;               // LM_SCREEN and this launch screens: the LM head streams its int8 rows
+    bool lm8;               // LM_SCREEN and this pass screens: the LM head streams its int8 rows
 #ifdef KOG_TRACE
     unsigned traced;       // refills recorded by trace_ring
 #endif
 };
+// Whether a launch's LM head may stream its int8 rows (LM_SCREEN: greedy, no penalty); DRAFTS: in the passes
+// without a draft only.
+__device__ __forceinline__ bool screens_lm_head(const KParams* P) {
+#ifdef KOG_LM8_NEVER  // timing experiments: a screened build that never screens (PERF.md session 37)
+    return false;
+#else
+    return LM_SCREEN && P->greedy && !P->use_penalty;
+#endif
+}
 
 struct Ctx {  // per-block state, identical copies in every thread (the stream: in every lane of a warp)
     const KParams* P;
@@ -735,10 +747,13 @@ struct Ctx {  // per-block state, identical copies in every thread (the stream: 
     uint4* ring;       // this warp's RING slots
     kog_u64 l2_policy;  // evict-first: streamed weights must not push the KV cache out of L2
     Stream st;
-    int npos;          // DRAFTS: the pass's positions, 1 + its draft tokens (pass_positions)
+    int npos;          // the pass's positions, 1 + its draft tokens (pass_positions)
 };
-// The positions this pass feeds: its chosen token and its draft's (the positions past them take no work).
-__device__ __forceinline__ int pass_positions(const Ctx& c) { return NPOS == 1 ? 1 : c.npos; }
+// A pass's code is built for NP positions (the template parameter NP of forward() and what it calls): 1, a pass
+// without a draft, which runs the plain decode's code and attention plan; or NPOS (DRAFTS), a pass with a draft,
+// which feeds its c.npos positions, the chosen token and the draft's (the positions past them take no work).
+template <int NP>
+__device__ __forceinline__ int pass_positions(const Ctx& c) { return NP == 1 ? 1 : c.npos; }
 
 // The ring's and the K/V tiles' cp.async commit groups go through here: the attention's first
 // wait counts the groups committed after its tiles (ATT_EARLY). Only the records' merge commits

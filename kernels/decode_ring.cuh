@@ -142,11 +142,7 @@ __device__ void ring_start(Ctx& c) {
 #ifdef KOG_TRACE
     c.st.traced = 0;
 #endif
-#ifdef KOG_LM8_NEVER  // timing experiments: a screened build that never screens (PERF.md session 37)
-    c.st.lm8 = false;
-#else
-    c.st.lm8 = LM_SCREEN && c.P->greedy && !c.P->use_penalty;
-#endif
+    c.st.lm8 = screens_lm_head(c.P);
     if (KOG_EXP == 10) c.st.mat = MAT_LM;
     c.st.src = stream_source(c.st.mat, 0, KOG_STREAM_W(c), c.b, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
@@ -210,10 +206,10 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 // M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
 // (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
 // written to red as a float.
-// NPOS > 1: position p's input at xs + p MV_X, its sums at red + p MV_RED, for the pass's c.npos positions; the
-// inputs are read from shared memory (NPOS positions' inputs would not fit the registers: the LM head's five
-// in registers lost 2x, PERF.md session 64).
-template <class M, int MAT>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
+// NP > 1 (a pass's code built for NP positions, decode.cu): position p's input at xs + p MV_X, its sums at
+// red + p MV_RED, for the pass's c.npos positions; the inputs are read from shared memory (NP positions' inputs
+// would not fit the registers: the LM head's five in registers lost 2x, PERF.md session 64).
+template <class M, int MAT, int NP>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
 __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
     // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
     // stands, with no wait, refill or release: what a layer whose weights were resident would cost
@@ -222,7 +218,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
     static_assert(KOG_PRODUCT_WARPS == 0 || (KOG_EXP == 10 && !STASH && KOG_PRODUCT_WARPS <= NW),
                   "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
-    constexpr bool X_IN_REGS = NWP % M::NSEG == 0 && (NPOS == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
+    constexpr bool X_IN_REGS = NWP % M::NSEG == 0 && (NP == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
     const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
@@ -296,8 +292,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
             }
 #endif
 #pragma unroll
-            for (int p = 0; p < NPOS; ++p) {
-                if (p >= pass_positions(c)) break;  // (block-uniform)
+            for (int p = 0; p < NP; ++p) {
+                if (p >= pass_positions<NP>(c)) break;  // (block-uniform)
                 const float* const xp = xs + p * MV_X;
                 float d[M::U];
 #pragma unroll

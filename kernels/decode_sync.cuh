@@ -262,16 +262,16 @@ __device__ __forceinline__ unsigned sum_tag(int layers) { return (unsigned)(laye
 // The block's rows of the residual stream (O's rows) in fixed point, as its last norm read them, a row of
 // them a position: O's owners add their change against this value.
 __shared__ long long kog_xfix[NPOS][MO::MAXR];
-// Element e of NPOS positions' vectors of n elements each ([position][element]): its position.
-template <int n>
-__device__ __forceinline__ int position_of(int e) { return NPOS == 1 ? 0 : e / n; }
+// Element e of NP positions' vectors of n elements each ([position][element]): its position.
+template <int n, int NP>
+__device__ __forceinline__ int position_of(int e) { return NP == 1 ? 0 : e / n; }
 struct SumWord {  // how a consumer reads a summed word
     __device__ static long long fixed(kog_u64 w) { return (long long)(w << 8) >> 8; }
     __device__ static unsigned tag(kog_u64 w) { return (unsigned)((w + (1ull << 55)) >> 56); }
     __device__ static float value(kog_u64 w) { return sum_float(fixed(w)); }
-    // element e of the NPOS positions' streams was read as w: the block's own rows keep their exact value
+    // element e of the pass's positions' streams was read as w: the block's own rows keep their exact value
     __device__ static void seen(int e, kog_u64 w, int b) {
-        const int p = position_of<H>(e), r = e - p * H - MO::row0(b);
+        const int p = position_of<H, NPOS>(e), r = e - p * H - MO::row0(b);  // (a pass of one position: e < H)
         if (r >= 0 && r < MO::row1(b) - MO::row0(b)) kog_xfix[p][r] = fixed(w);
     }
 };
@@ -335,7 +335,7 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
     unsigned pending = 0;
 #pragma unroll
     for (int k = 0; k < NK; ++k)
-        if (T::has(c.tid, K0 + k) && (NPOS == 1 || 2 * (c.tid + (K0 + k) * NTHR) < words)) pending |= 1u << k;
+        if (T::has(c.tid, K0 + k) && (words == N || 2 * (c.tid + (K0 + k) * NTHR) < words)) pending |= 1u << k;
     kog_u64 t0 = 0;
     kog_u64* const hop = c.P->hop;
     for (int it = 1;; ++it) {  // (a wave with nothing to wait for passes one round of no loads)
@@ -388,16 +388,16 @@ __device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out,
     if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, K0 + NK>(c, out, src, tag, words);
     return true;
 }
-// Every thread: its pairs of the tagged N-vector at hop word src (of its first `words` words: NPOS positions'
+// Every thread: its pairs of the tagged N-vector at hop word src (of its first `words` words: NP positions'
 // rows, of which the pass feeds fewer), once they carry `tag`. False on timeout.
 template <int N, class W = TagWord>
 __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words = N) {
     return gather_tagged_from<N, W, 0>(c, out, src, tag, words);
 }
-// Whether a thread's pair k of NPOS positions' N-vectors is one of the pass's (pass_positions).
-template <int N>
+// Whether a thread's pair k of NP positions' N-vectors is one of the pass's (pass_positions).
+template <int N, int NP>
 __device__ __forceinline__ bool pass_pair(const Ctx& c, int k) {
-    return Tagged<NPOS * N>::has(c.tid, k) && (NPOS == 1 || 2 * (c.tid + k * NTHR) < pass_positions(c) * N);
+    return Tagged<NP * N>::has(c.tid, k) && (NP == 1 || 2 * (c.tid + k * NTHR) < pass_positions<NP>(c) * N);
 }
 
 // One thread: n values at src[r][STRIDE i] of each of R rows (words of a row in one chunk; the rows anywhere)
@@ -443,55 +443,55 @@ __device__ __forceinline__ bool gather_tagged_lane(const Ctx& c, float (&v)[n], 
     return gather_tagged_lane<n, 1>(c, reinterpret_cast<float (&)[1][n]>(v), rows, tag);
 }
 
-// RMSNorm of the residual stream (tagged or summed words W at hop word src: NPOS positions' rows, or the
+// RMSNorm of the residual stream (tagged or summed words W at hop word src: NP positions' rows, or the
 // embedding rows of the pass's tokens at layer 0) into shared memory (position p's in the split layout of
 // xs_index at xs + p MV_X); `traced` names it for trace_norm.
-template <class W = TagWord>
+template <int NP, class W = TagWord>
 __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const int* tokens, const float* w,
                            int traced = NORM_UNTRACED) {
-    using T = Tagged<NPOS * H>;
+    using T = Tagged<NP * H>;
     T x;
     bool ok = true;
     trace_norm(c, traced, 0);
     if (tokens) {
 #pragma unroll
         for (int k = 0; k < T::NV; ++k)
-            if (pass_pair<H>(c, k)) {
-                const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+            if (pass_pair<H, NP>(c, k)) {
+                const int e = 2 * (c.tid + k * NTHR), p = position_of<H, NP>(e);
                 const unsigned short* const row = c.P->w + OFF_EMB + (long long)tokens[p] * H;
                 const unsigned v = __ldg(reinterpret_cast<const unsigned*>(row + e - p * H));
                 x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
             }
     } else {
-        ok = gather_tagged<NPOS * H, W>(c, x, src, tag, pass_positions(c) * H);
+        ok = gather_tagged<NP * H, W>(c, x, src, tag, pass_positions<NP>(c) * H);
     }
     trace_norm(c, traced, 1);
     float2 g[T::NV];
-    float ss[NPOS];
+    float ss[NP];
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) ss[p] = 0.f;
+    for (int p = 0; p < NP; ++p) ss[p] = 0.f;
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (pass_pair<H>(c, k)) {
-            const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+        if (pass_pair<H, NP>(c, k)) {
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<H, NP>(e);
             g[k] = __ldg(reinterpret_cast<const float2*>(w + e - p * H));
             const float s2 = x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
 #pragma unroll
-            for (int q = 0; q < NPOS; ++q) ss[q] += q == p ? s2 : 0.f;
+            for (int q = 0; q < NP; ++q) ss[q] += q == p ? s2 : 0.f;
         }
     // the wave sums before the barrier: the wave left its poll loop as one (PERF.md session 30)
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) {
-        if (p >= pass_positions(c)) break;  // (block-uniform)
+    for (int p = 0; p < NP; ++p) {
+        if (p >= pass_positions<NP>(c)) break;  // (block-uniform)
         ss[p] = kog_wave_sum(ss[p]);
         if (c.lane == 0) c.red16[p * NW + c.warp] = ss[p];
     }
     if (!__syncthreads_and(ok)) return false;
     trace_norm(c, traced, 2);
-    float r[NPOS] = {};
+    float r[NP] = {};
 #pragma unroll
-    for (int p = 0; p < NPOS; ++p) {
-        if (p >= pass_positions(c)) break;  // (block-uniform)
+    for (int p = 0; p < NP; ++p) {
+        if (p >= pass_positions<NP>(c)) break;  // (block-uniform)
         float sp = 0.f;
 #pragma unroll
         for (int i = 0; i < NW; ++i) sp += c.red16[p * NW + i];  // (the staging barrier below guards red16's reuse)
@@ -502,11 +502,11 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     trace_norm(c, traced, 3);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (pass_pair<H>(c, k)) {
-            const int e = 2 * (c.tid + k * NTHR), p = position_of<H>(e);
+        if (pass_pair<H, NP>(c, k)) {
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<H, NP>(e);
             float rp = r[0];
 #pragma unroll
-            for (int q = 1; q < NPOS; ++q) rp = q == p ? r[q] : rp;
+            for (int q = 1; q < NP; ++q) rp = q == p ? r[q] : rp;
             *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * H)) =
                 make_float2(x.v[k].x * rp * g[k].x, x.v[k].y * rp * g[k].y);
         }
@@ -515,17 +515,17 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
     return true;
 }
 
-// NPOS positions' tagged N-vectors (at hop word src, [position][element]) into shared memory (position p's in
+// NP positions' tagged N-vectors (at hop word src, [position][element]) into shared memory (position p's in
 // the split layout at xs + p MV_X).
-template <int N>
+template <int N, int NP>
 __device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
-    using T = Tagged<NPOS * N>;
+    using T = Tagged<NP * N>;
     T x;
-    const bool ok = gather_tagged<NPOS * N>(c, x, src, tag, pass_positions(c) * N);
+    const bool ok = gather_tagged<NP * N>(c, x, src, tag, pass_positions<NP>(c) * N);
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
-        if (pass_pair<N>(c, k)) {
-            const int e = 2 * (c.tid + k * NTHR), p = position_of<N>(e);
+        if (pass_pair<N, NP>(c, k)) {
+            const int e = 2 * (c.tid + k * NTHR), p = position_of<N, NP>(e);
             *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * N)) = x.v[k];
         }
     return __syncthreads_and(ok);

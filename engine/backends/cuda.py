@@ -346,6 +346,8 @@ class CudaBackend(Backend):
             self.stream.synchronize()
             if kernel.info["positions"] != self.draft_positions:  # (a kernel_dir of another version, say)
                 raise KogError(f"the drafts' decode kernel was not built for {self.draft_positions} positions a pass")
+            if kernel.info["lm_screen"] != self.kernel_info["lm_screen"]:  # (its passes without a draft screen)
+                raise KogError("the drafts' decode kernel and the weights disagree on the LM head's int8 rows")
             self._drafts = kernel
         return self._drafts
 
