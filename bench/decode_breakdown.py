@@ -165,7 +165,7 @@ VARIANTS = {
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
     **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in (2, 3, 5)},  # the drafts' build as the main one: n positions a pass
-    **{f"draft-match-{n}": {"KOG_DRAFT_MIN_MATCH": str(n)} for n in (2, 3)},  # (with npos-n) a draft needs n tokens matched
+    **{f"draft-match-{n}": {"KOG_DRAFT_MIN_MATCH": str(n)} for n in (1, 3)},  # (with npos-n) a draft needs n tokens matched (default 2)
     "draft-never": {"KOG_DRAFT_MIN_MATCH": "5"},  # (with npos-n) no pass drafts: what a one-position pass of that build costs
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,

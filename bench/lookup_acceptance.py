@@ -76,7 +76,10 @@ PROMPTS = {  # name: (system message or None, user message)
 }
 
 
-def draft(context: list[int], k: int, ngram: int, min_match: int = 1) -> list[int]:
+MIN_MATCH = 2  # the CUDA decode's rule (kernels/decode.cu DRAFT_MIN_MATCH)
+
+
+def draft(context: list[int], k: int, ngram: int, min_match: int = MIN_MATCH) -> list[int]:
     """The k tokens that followed the latest earlier occurrence of the context's last n tokens (n from ngram
     down to min_match), fewer where the context ends first; [] where no such suffix occurs earlier."""
     for n in range(min(ngram, len(context) - 1), min_match - 1, -1):
@@ -87,7 +90,7 @@ def draft(context: list[int], k: int, ngram: int, min_match: int = 1) -> list[in
     return []
 
 
-def passes(prompt: list[int], generated: list[int], k: int, ngram: int, min_match: int = 1) -> tuple[int, int, int]:
+def passes(prompt: list[int], generated: list[int], k: int, ngram: int, min_match: int = MIN_MATCH) -> tuple[int, int, int]:
     """(passes, passes with a draft, passes whose draft's first token was wrong) to decode `generated`."""
     context, done = list(prompt), 0
     count = drafted = missed = 0
@@ -117,13 +120,13 @@ def main() -> None:
     parser.add_argument("--drafts", default="2,4,8")
     parser.add_argument("--ngram", type=int, default=4)
     parser.add_argument("--positions", type=int, default=1, help="CUDA: also decode with this many positions a pass")
-    parser.add_argument("--min-match", type=int, default=1, help="a draft needs this many of the last tokens matched")
+    parser.add_argument("--min-match", type=int, default=MIN_MATCH, help="a draft needs this many of the last tokens matched")
     args = parser.parse_args()
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
-    if args.min_match != 1 and args.device == "cuda":  # (the kernel's rule, a build knob)
+    if args.min_match != MIN_MATCH and args.device == "cuda":  # (the kernel's rule, a build knob)
         from engine.backends.cuda import CudaBackend
 
         backend = CudaBackend(model, 4096, defines={"KOG_DRAFT_MIN_MATCH": str(args.min_match)})

@@ -413,14 +413,17 @@ __device__ bool choose_token(Ctx& c, int step, bool greedy, int* chosen, int& ca
 // ---- drafts (DRAFTS) -----------------------------------------------------------------------
 // All threads: the draft for the pass whose first token sits at position pos (context_ids[0 .. pos] hold the context):
 // the tokens that followed the latest earlier occurrence of the context's last n tokens, n from DRAFT_NGRAM down
-// to 1 (bench/lookup_acceptance.py's rule), at most NPOS - 1 of them and as many as the context holds after that
+// to DRAFT_MIN_MATCH (bench/lookup_acceptance.py's rule), at most NPOS - 1 of them and as many as the context holds after that
 // occurrence, into tokens[1 ..]; the rest of tokens[] repeat tokens[0]. Returns how many were drafted (0: no
-// suffix occurs earlier). The candidates' ends are scanned from the latest back, a round of DRAFT_ROUND at a
+// such suffix occurs earlier). The candidates' ends are scanned from the latest back, a round of DRAFT_ROUND at a
 // time, until a round holds an occurrence of all DRAFT_NGRAM tokens. Every block runs it alike (the blocks
 // need the draft at once: no hop).
 constexpr int DRAFT_NGRAM = 4;
-#ifndef KOG_DRAFT_MIN_MATCH  // timing experiments: the fewest of the last tokens an earlier occurrence must match for a
-#define KOG_DRAFT_MIN_MATCH 1  // draft (DRAFT_NGRAM + 1: never a draft, every pass one position)
+// An occurrence that matches the last token alone is mostly a wrong draft on prose, and a pass with a draft
+// costs more than one without: two tokens matched gave free prose 0.88x the plain decode's rate against 0.75x
+// with one, and agent text 1.66x against 1.58x (SmolLM2's real weights, H100, PERF.md session 65).
+#ifndef KOG_DRAFT_MIN_MATCH  // (timing experiments: another rule; DRAFT_NGRAM + 1: never a draft, every pass one position)
+#define KOG_DRAFT_MIN_MATCH 2
 #endif
 constexpr int DRAFT_MIN_MATCH = KOG_DRAFT_MIN_MATCH;
 constexpr int DRAFT_PER_THREAD = 4;
