@@ -86,7 +86,7 @@ __device__ __forceinline__ void add_to_residual(const Ctx& c, const float* red, 
 // (A block that takes no QKV rows, QKV_SKIP, runs an attention unit instead, which O's adds need too.)
 // DRAFTS: the words of the positions a pass does not feed take the count of the pass's adds in one add, at its
 // first layer; the next pass that reads them comes after the token choice's release and acquire, so it finds
-// them counted. (Counted as they come, of 0 each, they cost the big shapes' layers a few percent.)
+// them counted (v50 added 0 to each from O and every down slice, every layer).
 static_assert(NQKV >= NBLK - QKV_SKIP, "every block reads the stream before its QKV rows: no O add can come before that read");
 template <int NP>
 __device__ __forceinline__ void add_o_summed(const Ctx& c, const float* red, const XOwn& xown, int l) {
