@@ -71,6 +71,9 @@
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
 #endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
                           // (a token's first layer's at its start, as 2); -1 by shape
+#ifndef KOG_GATHER_PAIRS  // timing experiments: pairs in flight a thread in a tagged gather (GATHER_PAIRS, decode_sync.cuh)
+#define KOG_GATHER_PAIRS 6
+#endif
 #ifndef KOG_REC_PAD  // the attention records (HV_PART): 0 packed, 1 padded to whole 128-byte lines, 2 padded to 2 D
 #define KOG_REC_PAD -1  // words (whole lines and a power of two), -1 by shape (REC_W below)
 #endif
@@ -566,8 +569,9 @@ constexpr int SM_MV = (NPOS * (MV_X + MV_RED) + 3) / 4 * 4;       // floats: NPO
 // ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
 // while the block still waits for its QKV input and runs the QKV product (att_prefetch; with
 // ATT_EARLY_AT 3, while it runs the layer before's gate/up and down too).
-// (Not with drafts: NPOS products' inputs and sums leave no room past them.)
-constexpr bool ATT_EARLY = KOG_ATT_EARLY != 0 && !DRAFTS;
+// (Not by default with drafts: on the big shapes NPOS products' inputs and sums leave no room past them; SmolLM2's
+// drafts' build fits them, KOG_ATT_EARLY 3, not yet timed.)
+constexpr bool ATT_EARLY = KOG_ATT_EARLY > 0 || (KOG_ATT_EARLY < 0 && !DRAFTS);
 static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
 constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
 constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats

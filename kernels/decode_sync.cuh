@@ -380,7 +380,7 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
 // Pairs in flight a thread at most: a longer vector (NPOS positions' rows) is gathered GATHER_PAIRS pairs at a
 // time, so that its loads do not crowd the registers (each run after the first mostly finds its words ready:
 // one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6).
-constexpr int GATHER_PAIRS = 6;
+constexpr int GATHER_PAIRS = KOG_GATHER_PAIRS;
 template <int N, class W, int K0>
 __device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
     constexpr int NK = cmin(GATHER_PAIRS, Tagged<N>::NV - K0);
