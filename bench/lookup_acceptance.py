@@ -3,9 +3,8 @@
 A plain decode takes one token a pass through the model, and on the small shapes a pass is a latency chain,
 not a byte stream (PERF.md). A draft of the next k tokens copied from the context (the tokens that followed
 the latest earlier occurrence of the context's last n tokens, the longest n from --ngram down to --min-match
-that occurs) lets
-one pass over k + 1 positions keep every draft token up to the first the model would not have picked, plus
-the model's own next token. Greedy tokens do not depend on the drafts, so one greedy decode a prompt gives the
+that occurs) lets one pass over k + 1 positions keep every draft token up to the first the model would not have
+picked, plus the model's own next token. Greedy tokens do not depend on the drafts, so one greedy decode a prompt gives the
 exact number of passes for every k. Coding agents copy a lot (SEARCH blocks, whole-file rewrites, tests that
 quote the code); prose copies little: the prompts below hold both.
 
