@@ -167,7 +167,7 @@ VARIANTS = {
     **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in (2, 3, 5)},  # the drafts' build as the main one: n positions a pass
     **{f"draft-match-{n}": {"KOG_DRAFT_MIN_MATCH": str(n)} for n in (1, 3)},  # (with npos-n) a draft needs n tokens matched (default 2)
     "draft-never": {"KOG_DRAFT_MIN_MATCH": "5"},  # (with npos-n) no pass drafts: what a one-position pass of that build costs
-    "gather-pairs-4": {"KOG_GATHER_PAIRS": "4"},  # (with npos-n) long gathers four pairs a thread at a time: fewer spills
+    **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
     # each block streaming only its own partition's chunks: what a weight layout by partition would gain

@@ -202,9 +202,11 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
     publish_block_best(c, best);
 }
 
-// The pass's tokens (shared memory) at positions pos .. pos + pass_positions<NP>(c) - 1.
+// The pass's tokens (shared memory) at positions pos .. pos + pass_positions<NP>(c) - 1. Always inlined: built as
+// a call of its own (as nvcc chose for forward<NPOS> at some knobs' settings), its frame lives in local memory and
+// every pass loses 13-30% (PERF.md session 65).
 template <int NP>
-__device__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
+__device__ __forceinline__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
     const KParams* P = c.P;
     float* xs = c.sm;
     float* red = c.sm + NPOS * MV_X;

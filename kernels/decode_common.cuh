@@ -71,8 +71,8 @@
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
 #endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
                           // (a token's first layer's at its start, as 2); -1 by shape
-#ifndef KOG_GATHER_PAIRS  // timing experiments: pairs in flight a thread in a tagged gather (GATHER_PAIRS, decode_sync.cuh)
-#define KOG_GATHER_PAIRS 6
+#ifndef KOG_GATHER_PAIRS  // timing experiments: pairs in flight a thread in a tagged gather (GATHER_PAIRS, decode_sync.cuh;
+#define KOG_GATHER_PAIRS 0  // 0: by build)
 #endif
 #ifndef KOG_REC_PAD  // the attention records (HV_PART): 0 packed, 1 padded to whole 128-byte lines, 2 padded to 2 D
 #define KOG_REC_PAD -1  // words (whole lines and a power of two), -1 by shape (REC_W below)

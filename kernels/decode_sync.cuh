@@ -379,8 +379,9 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
 
 // Pairs in flight a thread at most: a longer vector (NPOS positions' rows) is gathered GATHER_PAIRS pairs at a
 // time, so that its loads do not crowd the registers (each run after the first mostly finds its words ready:
-// one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6).
-constexpr int GATHER_PAIRS = KOG_GATHER_PAIRS;
+// one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6). The
+// drafts' build takes four: fewer of its spills, and both kinds of pass faster than at six (PERF.md session 66).
+constexpr int GATHER_PAIRS = KOG_GATHER_PAIRS > 0 ? KOG_GATHER_PAIRS : DRAFTS ? 4 : 6;
 template <int N, class W, int K0>
 __device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
     constexpr int NK = cmin(GATHER_PAIRS, Tagged<N>::NV - K0);

@@ -114,6 +114,8 @@ def test_dry_run_in_a_git_worktree_leaves_the_repository_alone(tmp_path):
     (["agent", "fix", "{tmp}", "--quiet", "--json"], "exclude each other"),
     (["agent", "fix", "{tmp}", "--drafts", "9"], "--drafts must be 1 (off) to 8"),
     (["agent", "fix", "{tmp}", "--drafts", "2", "--endpoint", "http://127.0.0.1:{port}/v1"], "for the local engine"),
+    (["agent", "fix", "{tmp}", "--drafts", "5", "--device", "cpu"], "--drafts needs the CUDA backend"),
+    (["agent", "fix", "{tmp}", "--device", "tpu"], "unknown device 'tpu'"),
     (["agent", "fix", "{tmp}", "--endpoint", "localhost:1"], "must be an http"),
     (["agent", "fix", "{tmp}", "--endpoint", "http://127.0.0.1:{port}/v1"], "cannot reach"),
     (["agent", "undo", "{tmp}"], "nothing to undo"),
