@@ -204,7 +204,7 @@ __device__ void lm_screen_pick(Ctx& c, const float* xs, float* red) {
 
 // The pass's tokens (shared memory) at positions pos .. pos + pass_positions<NP>(c) - 1. Always inlined: built as
 // a call of its own (as nvcc chose for forward<NPOS> at some knobs' settings), its frame lives in local memory and
-// every pass loses 13-30% (PERF.md session 65).
+// every pass loses 13-30% (PERF.md sessions 65, 66).
 template <int NP>
 __device__ __forceinline__ bool forward(Ctx& c, const int* tokens, int pos, bool greedy, XOwn& xown) {
     const KParams* P = c.P;

@@ -14,7 +14,7 @@ from kogcli.common import err, notice, user_errors
 NOT_FIXED = 3
 
 # `kog agent fix`'s --drafts where none is given and the local engine runs on CUDA: an agent's replies copy their
-# context (code, edits, tests), which drafted passes decode 1.6-1.9x faster on the default model, with the same
+# context (code, edits, tests), which drafted passes decode 1.6-2.0x faster on the default model, with the same
 # tokens (PERF.md session 66). Sampled replies (--temperature > 0) run the plain decode whatever --drafts says.
 AGENT_DRAFTS = 5
 
