@@ -167,6 +167,9 @@ VARIANTS = {
     **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in (2, 3, 5)},  # the drafts' build as the main one: n positions a pass
     **{f"draft-match-{n}": {"KOG_DRAFT_MIN_MATCH": str(n)} for n in (1, 3)},  # (with npos-n) a draft needs n tokens matched (default 2)
     "draft-never": {"KOG_DRAFT_MIN_MATCH": "5"},  # (with npos-n) no pass drafts: what a one-position pass of that build costs
+    "draft-always": {"KOG_DRAFT_ALWAYS": "1"},  # (with npos-n) every pass drafts n - 1 tokens: what an n-position pass costs
+    "one-position-math": {"KOG_EXP": "15"},  # (with npos-n+draft-always) the products' dot products of the first position
+    # only (garbage tokens): what the other positions' math costs a pass
     **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
@@ -202,12 +205,13 @@ def layer_event(layer: int, name: str) -> int:
     return len(LAYER_EVENTS) * layer + LAYER_EVENTS.index(name)
 
 
-def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[int, float]]]:
-    """Median decode rate after a warm-up run, the median p99 / p50 of the gaps between tokens, and the last run's
-    slow steps (step, us: gaps over 1.15x the median), all from the kernel's own stamps (host delivery left out)."""
+def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[int, float]], float]:
+    """Median decode rate after a warm-up run, the median p99 / p50 of the gaps between tokens, the last run's
+    slow steps (step, us: gaps over 1.15x the median) and the median us a pass through the model (a drafts'
+    build's passes feed several tokens), all from the kernel's own stamps (host delivery left out)."""
     from engine.sampling import SamplingParams
 
-    rates, tails = [], []
+    rates, tails, pass_us = [], [], []
     for _ in range(runs):
         be.truncate(0)
         be.prefill(prompt)
@@ -216,8 +220,9 @@ def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[in
         gaps = np.diff(ts)
         rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
         tails.append(np.percentile(gaps, 99) / np.percentile(gaps, 50))
+        pass_us.append((ts[-1] - ts[0]) * 1e6 / be.decode_passes)  # (the passes between the first token and the last)
     slow = [(int(i) + 1, float(gaps[i]) * 1e6) for i in np.flatnonzero(gaps > 1.15 * np.median(gaps))]
-    return float(np.median(rates[1:])), float(np.median(tails[1:])), slow
+    return float(np.median(rates[1:])), float(np.median(tails[1:])), slow, float(np.median(pass_us[1:]))
 
 
 def release_clock(be, reset: bool = False) -> str:
@@ -625,7 +630,7 @@ def main() -> None:
             if not 0 <= traced < layers - 1:  # (the last layer's refill stamps would run on into the LM head)
                 ap.error(f"--trace-layer {traced}: {name} can trace layers 0-{layers - 2}")
             be = build(lm, args.trace, versions, args.context, traced_layer=traced)
-            r, _, _ = decode_rates(be, prompt)
+            r, _, _, _ = decode_rates(be, prompt)
             line.append(f"traced build ({args.trace}) {r:.0f} tok/s ({1e6 / r:.0f} us/token)")
             trace(be, prompt, layers, traced)
             be.close()
@@ -634,9 +639,10 @@ def main() -> None:
             clocked = "release-clock" in label.split("+")
             if clocked:
                 release_clock(be, reset=True)
-            r, tail, slow = decode_rates(be, prompt)
+            r, tail, slow, pass_us = decode_rates(be, prompt)
             k = be.k_decode  # the device's own build (its NVRTC may allocate registers unlike a local nvcc)
-            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token, kernel p99 {tail - 1:+.0%} over p50; "
+            passes = f", {pass_us:.0f} us a pass" if be.kernel_info["positions"] > 1 else ""  # (npos-n: the main build drafts)
+            line.append(f"{label} {r:.0f} tok/s ({1e6 / r:.0f} us/token{passes}, kernel p99 {tail - 1:+.0%} over p50; "
                         f"{k.num_regs} registers, {k.local_size_bytes} B local a thread)"
                         + (f"; release at the products' start: {release_clock(be)}" if clocked else ""))
             if slow:  # where a shape's tail comes from: which steps (the context is the prompt's length + step)

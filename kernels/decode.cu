@@ -427,6 +427,9 @@ constexpr int DRAFT_NGRAM = 4;
 #ifndef KOG_DRAFT_MIN_MATCH  // (timing experiments: another rule; DRAFT_NGRAM + 1: never a draft, every pass one position)
 #define KOG_DRAFT_MIN_MATCH 2
 #endif
+#ifndef KOG_DRAFT_ALWAYS  // timing experiments: 1, every pass drafts NPOS - 1 tokens (the tokens the rule finds, then the
+#define KOG_DRAFT_ALWAYS 0  // chosen token again): what a pass of NPOS positions costs, whatever the text (the same tokens)
+#endif
 constexpr int DRAFT_MIN_MATCH = KOG_DRAFT_MIN_MATCH;
 constexpr int DRAFT_PER_THREAD = 4;
 constexpr int DRAFT_ROUND = DRAFT_PER_THREAD * NTHR;
@@ -460,7 +463,7 @@ __device__ int draft_search(const Ctx& c, int pos, int* tokens, int* best_key) {
     const int n = best >> 24 >= DRAFT_MIN_MATCH ? min(NPOS - 1, pos - e) : 0;
     for (int j = 1 + c.tid; j < NPOS; j += NTHR) tokens[j] = j <= n ? kog_ldcg_s32(ids + e + j) : tokens[0];
     __syncthreads();
-    return n;
+    return KOG_DRAFT_ALWAYS ? NPOS - 1 : n;
 }
 
 extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* __restrict__ P) {

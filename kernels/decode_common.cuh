@@ -15,7 +15,9 @@
                    // and LM head's weights streamed from a second buffer laid out by L2 partition (garbage
                    // tokens: what a block pair's tiles sharing 8 KB pairs, each block its own partition's
                    // chunk of every pair, would stream: side_granule in decode_ring.cuh), 13 gate/up's product
-                   // does not wait for O (the O -> gate/up hop gone), 14 down's does not wait for gate/up
+                   // does not wait for O (the O -> gate/up hop gone), 14 down's does not wait for gate/up, 15 a
+                   // pass of several positions runs the products' math for its first position only (garbage
+                   // tokens: what the other positions' dot products cost; with KOG_DRAFT_ALWAYS)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif

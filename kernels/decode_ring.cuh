@@ -293,7 +293,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
 #endif
 #pragma unroll
             for (int p = 0; p < NP; ++p) {
-                if (p >= pass_positions<NP>(c)) break;  // (block-uniform)
+                if (p >= pass_positions<NP>(c) || (KOG_EXP == 15 && p > 0)) break;  // (block-uniform)
                 const float* const xp = xs + p * MV_X;
                 float d[M::U];
 #pragma unroll
