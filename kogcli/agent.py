@@ -68,9 +68,9 @@ def fix_command(
             raise KogError("--drafts is for the local engine, not --endpoint")
         drafts = 1
     else:
-        on = resolve_device(device)
-        drafts = (AGENT_DRAFTS if on == "cuda" and greedy else 1) if drafts is None else drafts
-        check_drafts(drafts, on)
+        device = resolve_device(device)  # (the client opens the engine on it, as kog generate does)
+        drafts = (AGENT_DRAFTS if device == "cuda" and greedy else 1) if drafts is None else drafts
+        check_drafts(drafts, device)
     if quiet and as_json:
         raise KogError("--quiet and --json exclude each other")
     if not path.is_dir():
