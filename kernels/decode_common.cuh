@@ -94,6 +94,9 @@
 #ifndef KOG_HOP_COPIES  // copies of the vectors that cross blocks: 2, one homed in each L2 partition (the hop space
 #define KOG_HOP_COPIES 2  // below; engine/backends/l2_sides.py maps them), or 1 (one copy, wherever its lines are homed)
 #endif
+#ifndef KOG_MMA  // the drafts' build: which products run on the tensor cores (Mv::MMA): 0 none, 1 the LM head's bf16 rows,
+#define KOG_MMA 0  // 2 those and gate/up and down (MMA_PRODUCTS below)
+#endif
 #ifndef KOG_NPOS  // positions a pass: 1 the plain decode; n > 1 a pass checks n - 1 draft tokens copied from the context
 #define KOG_NPOS 1  // (greedy only; the tokens are the plain decode's: decode.cu, drafts)
 #endif
@@ -424,30 +427,55 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     }
     return kv < 64 ? (kv + 31) / 32 : best;
 }
+// MMA products: strips a 16-row tile of a product whose rows hold nch 64-column granules is cut into (a divisor of
+// nch): the fewest granules the busiest warp takes, then the fewest strips (their sums meet in shared memory, at
+// most 2,048 a position).
+__host__ __device__ constexpr int mma_strips(int tiles, int nch, int nw, int maxr) {
+    int best = 1, most = 1 << 30;
+    for (int n = 1; n <= nch; ++n)
+        if (nch % n == 0 && maxr * n <= 2048) {
+            const int m = (tiles * n + nw - 1) / nw * (nch / n);
+            if (m < most) most = m, best = n;
+        }
+    return best;
+}
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0>
+// Which products of the drafts' build run on the tensor cores (KOG_MMA's codes; none by default). Their math costs
+// little there, but their granules stream slower than the FMA products' (PERF.md session 67, H100): gate/up, down and
+// the LM head on them made Llama's five-position passes 10% faster and its passes without a draft 11% slower. The LM
+// head alone: Llama's five-position passes 0.1-4% faster, those without a draft even; Qwen2.5's without a draft 2.5%
+// slower (its ring slots grow to 2 KB), SmolLM2's 3.7% slower.
+constexpr int MMA_PRODUCTS = KOG_MMA;
+template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0, int MMA_FROM = 3>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
              // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8 > 0: rows of 2K int8 weights, each
-             // I8 consecutive int8 rows of 2K / I8 (LM_SCREEN)
+             // I8 consecutive int8 rows of 2K / I8 (LM_SCREEN); MMA_FROM: the least MMA_PRODUCTS that puts it on the
+             // tensor cores
     static constexpr bool INT8 = I8 > 0;
     static constexpr int ROWS8 = cmax(I8, 1);  // int8 rows in a row of the product
     static constexpr int KV = K / 8;  // 16-byte vectors per row
     static constexpr int KV8 = KV / ROWS8;  // ... per int8 row
-    static constexpr int U = pick_u(KV, NW);
-    static constexpr int SEGW = 32 * U;
-    static constexpr int NSEG = (KV + SEGW - 1) / SEGW;
-    static constexpr bool FULL = KV % SEGW == 0;
     static constexpr int NUNITS = NROWS / RU;
     static constexpr int NB_LO = (NBLK - SKIP) / GROUPS, NB_HI = (NBLK + GROUPS - 1) / GROUPS;  // blocks of a group
     static_assert(NB_LO >= 1 && (SKIP == 0 || GROUPS == 1), "a block for every column slice");
     static constexpr int MAXR = (NUNITS + NB_LO - 1) / NB_LO * RU;
+    // MMA (the drafts' build, MMA_PRODUCTS): a granule is 16 rows times 64 columns, multiplied on the tensor cores
+    // (mma_granule_product); a block's 16-row tiles are cut into strips of CH granules' columns, NSEG strips a
+    // tile, and each warp takes whole strips
+    static constexpr bool MMA = DRAFTS && !INT8 && MMA_PRODUCTS >= MMA_FROM && MAXR >= 16 && K % 64 == 0;
+    static constexpr int TILES = (MAXR + 15) / 16;
+    static constexpr int U = MMA ? 4 : pick_u(KV, NW);
+    static constexpr int SEGW = 32 * U;
+    static constexpr int NSEG = MMA ? mma_strips(TILES, K / 64, NW, MAXR) : (KV + SEGW - 1) / SEGW;
+    static constexpr int CH = K / 64 / NSEG;  // MMA: granules a strip
+    static constexpr bool FULL = KV % SEGW == 0;
     // Where a warp takes at most four granules (SmolLM2's four layer products, QKV and O on the
     // big shapes but Qwen3's QKV), each lane leaves its partial sum in shared memory and the
     // block's sum adds the 32 of a granule: a granule's dependency chain then ends at its dot
     // products, without a five-step shuffle sum (~150 cycles), and the epilogue's add of 32 values
     // costs less (PERF.md v24, v25: SmolLM2 +2%, Llama +0.6%). Gate/up, down and the LM head
     // stream many granules a warp, and their shuffles hide behind the weight stream.
-    static constexpr bool LANE_SUMS = MAXR * NSEG <= KOG_LANE_SUMS * NW;
+    static constexpr bool LANE_SUMS = !MMA && MAXR * NSEG <= KOG_LANE_SUMS * NW;
     static constexpr int RED = MAXR * NSEG * ROWS8 * (LANE_SUMS ? LANE_STRIDE : 1);  // floats of the per-granule sums
     // Block b's group (its column slice) holds blocks first(k) .. first(k + 1) - 1.
     __device__ static int group(int b) { return GROUPS == 1 ? 0 : b * GROUPS / NBLK; }
@@ -464,9 +492,9 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
 };
 using MQKV = Mv<H, NQKV, 1, 1, QKV_SKIP>;
 using MO = Mv<QD, H, 1>;
-using MGU = Mv<H, 2 * INTER, 2>;
-using MDN = Mv<DN_K, H, 1, DN_SPLIT>;
-using MLM = Mv<H, VOCAB, 1>;
+using MGU = Mv<H, 2 * INTER, 2, 1, 0, 0, 2>;
+using MDN = Mv<DN_K, H, 1, DN_SPLIT, 0, 0, 2>;
+using MLM = Mv<H, VOCAB, 1, 1, 0, 0, 1>;
 // The same rows, int8 (LM_SCREEN). An int8 row shorter than the narrowest granule (64 vectors: H < 1024)
 // would leave most of its granule's lanes idle, so that the head streams no faster than in bf16: two rows
 // then share a granule, which carries as many bytes as a bf16 row's.
@@ -535,9 +563,13 @@ template <class M>
 __device__ __forceinline__ const uint4* mv_tile(const unsigned short* w, long long off, int b) {
     return reinterpret_cast<const uint4*>(w + off + M::tile_at(b));
 }
+// The granules of warp `warp` are g = warp + NW i for g below this (M::MMA: warp w takes strips w, w + NW, ...,
+// CH granules each; else every warp takes every NW-th of the block's).
 template <class M>
-__device__ __forceinline__ int mv_ngran(int b) {
-    return (M::row1(b) - M::row0(b)) * M::NSEG;
+__device__ __forceinline__ int mv_ngran(int b, int warp) {
+    const int nr = M::row1(b) - M::row0(b);
+    if constexpr (M::MMA) return warp + NW * M::CH * (((nr + 15) / 16 * M::NSEG - warp + NW - 1) / NW);
+    return nr * M::NSEG;
 }
 template <class M>
 __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r of the block, fixed order
@@ -676,17 +708,18 @@ constexpr long long SIDE_LAYER = SIDE_PAIRS * (side_region<MQKV>() + side_region
 #if KOG_EXP == 12
 __device__ long long kog_side_bytes = NL * SIDE_LAYER + SIDE_PAIRS * (side_region<MLM>() + side_region<MLM8>());  // (the host reads it)
 #endif
+__host__ __device__ constexpr unsigned div_inv(int n) { return n > 1 ? (unsigned)((0x100000000ull + n - 1) / n) : 0u; }  // 2^32 would wrap
 template <class M>
-__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, long long base, int role) {
+__device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, int warp, long long base, int role) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
-    constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
+    constexpr unsigned inv = div_inv(M::NSEG);
 #if KOG_EXP == 12
     (void)off;
     const unsigned long long region = reinterpret_cast<unsigned long long>(w) + base + role / 2 * side_region<M>();
-    return {reinterpret_cast<const uint4*>(region | (role & 1) << 12), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
+    return {reinterpret_cast<const uint4*>(region | (role & 1) << 12), mv_ngran<M>(b, warp), M::KV, M::NSEG, M::U, inv};
 #else
     (void)base, (void)role;
-    return {mv_tile<M>(w, off, b), mv_ngran<M>(b), M::KV, M::NSEG, M::U, inv};
+    return {mv_tile<M>(w, off, b), mv_ngran<M>(b, warp), M::KV, M::NSEG, M::U, inv};
 #endif
 }
 // The matrices in the order the forward pass (and so the weight stream) takes them.
@@ -698,7 +731,7 @@ enum { MAT_QKV = 0, MAT_O = 1, MAT_GU = 2, MAT_DN = 3, MAT_LM = 4 };
 // every phase's do: a refill issued early there gains nothing and delays the next input.
 constexpr int HOLD = KOG_HOLD >= 0 ? KOG_HOLD
                    : LAYER_IN_RING ? 1 << MAT_O | 1 << MAT_GU | 1 << MAT_DN : 1 << MAT_O;
-__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, bool lm8) {
+__device__ __forceinline__ Source stream_source(int mat, int layer, const unsigned short* w, int b, int warp, bool lm8) {
     const long long wl = (long long)layer * LSTRIDE;
 #if KOG_EXP == 12
     const int role = kog_block_role[kog_sm_id() % 256];
@@ -709,11 +742,11 @@ __device__ __forceinline__ Source stream_source(int mat, int layer, const unsign
     constexpr int role = 0;
 #endif
     switch (mat) {
-        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b, sl, role);
-        case MAT_O: return source_of<MO>(w, wl + OFF_O, b, sl + q, role);
-        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b, sl + o, role);
-        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b, sl + o + SIDE_PAIRS * side_region<MGU>(), role);
-        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b, lm8x, role) : source_of<MLM>(w, OFF_LMH, b, lm, role);
+        case MAT_QKV: return source_of<MQKV>(w, wl + OFF_QKV, b, warp, sl, role);
+        case MAT_O: return source_of<MO>(w, wl + OFF_O, b, warp, sl + q, role);
+        case MAT_GU: return source_of<MGU>(w, wl + OFF_GU, b, warp, sl + o, role);
+        case MAT_DN: return source_of<MDN>(w, wl + OFF_DN, b, warp, sl + o + SIDE_PAIRS * side_region<MGU>(), role);
+        default: return LM_SCREEN && lm8 ? source_of<MLM8>(w, OFF_LM8, b, warp, lm8x, role) : source_of<MLM>(w, OFF_LMH, b, warp, lm, role);
     }
 }
 

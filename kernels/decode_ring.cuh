@@ -39,7 +39,7 @@ __device__ __forceinline__ void next_matrix(Stream& s, const unsigned short* w, 
     else if (s.mat == MAT_DN && s.layer == NL - 1) s.mat = MAT_LM;
     else if (s.mat == MAT_DN) s.mat = MAT_QKV, ++s.layer;
     else ++s.mat;
-    s.src = stream_source(s.mat, s.layer, w, b, s.lm8);
+    s.src = stream_source(s.mat, s.layer, w, b, warp, s.lm8);
     s.g = warp;
 }
 
@@ -68,12 +68,45 @@ __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
                       __byte_perm(v.y, hb, 0x7362));
 }
 
+// An MMA granule (Mv::MMA): the warp's i-th of M's is granule `chunk` of its strip, in 16-row tile `tile`.
+struct MmaGranule {
+    int tile, seg, chunk;  // rows 16 tile .. 16 tile + 15, columns 64 (seg CH + chunk) .. + 63 of the block's
+};
+template <class M>
+__device__ __forceinline__ MmaGranule mma_granule(int i, int warp) {
+    const int strip = i / M::CH * NW + warp, tile = strip / M::NSEG;
+    return {tile, strip - tile * M::NSEG, i % M::CH};
+}
+// Where 16-byte vector v (of 8) of row r (of 16) of an MMA granule lies in its slot: a row's vectors are permuted
+// by the row, so that the eight rows' reads of one column of vectors (mma_granule_product) meet no bank twice.
+__device__ __forceinline__ int mma_slot_index(int r, int v) { return r * 8 + (v ^ (r & 7)); }
+// Issue the warp's next granule of M (Mv::MMA) into `slot`: 16 rows of 128 bytes (past the block's rows: its last
+// row again, from L2).
+template <class M>
+__device__ __forceinline__ void stream_next_mma(Ctx& c, uint4* slot) {
+    Stream& s = c.st;
+    const MmaGranule m = mma_granule<M>(s.g / NW, c.warp);
+    const int last = M::row1(c.b) - M::row0(c.b) - 1;
+    const uint4* const src = s.src.tile + (m.seg * M::CH + m.chunk) * 8;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int j = i * KOG_WAVE + c.lane, r = j >> 3, v = j & 7;
+        kog_cp_async16_evict_first(slot + mma_slot_index(r, v), src + (size_t)min(16 * m.tile + r, last) * M::KV + v, c.l2_policy);
+    }
+    commit_group(c);
+    trace_ring(c, 4 * KOG_WAVE, s.mat, s.layer);
+    s.g += NW;
+}
+
 // Issue the warp's next granule of the stream into `slot` (one commit group per granule).
 // pad: a partial granule's unused columns get zeros (the stash's slots hold stale floats there,
 // the ring's only weights: ring_start).
 __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = false) {
     stream_settle(c);
     Stream& s = c.st;
+    if (MLM::MMA && s.mat == MAT_LM && !(LM_SCREEN && s.lm8)) return stream_next_mma<MLM>(c, slot);
+    if (MGU::MMA && s.mat == MAT_GU) return stream_next_mma<MGU>(c, slot);
+    if (MDN::MMA && s.mat == MAT_DN) return stream_next_mma<MDN>(c, slot);
     const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
@@ -144,7 +177,7 @@ __device__ void ring_start(Ctx& c) {
 #endif
     c.st.lm8 = screens_lm_head(c.P);
     if (KOG_EXP == 10) c.st.mat = MAT_LM;
-    c.st.src = stream_source(c.st.mat, 0, KOG_STREAM_W(c), c.b, c.st.lm8);
+    c.st.src = stream_source(c.st.mat, 0, KOG_STREAM_W(c), c.b, c.warp, c.st.lm8);
     for (int i = 0; i < RING; ++i) ring_issue(c);
 }
 
@@ -197,6 +230,47 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 #endif
 }
 
+// One MMA granule (Mv::MMA; the warp's g-th of mv_run) times the pass's positions' inputs on the tensor cores: the
+// granule's 16 rows are A, the positions' 64 inputs B (a position a column), in four products of 16 columns. Lane
+// 4 q + t takes the columns 4t .. 4t + 3 of each 16 for A's and B's columns 2t, 2t + 1, 2t + 8, 2t + 9 (the sum
+// over the 16 is the same): rows q and q + 8 of A in one 8-byte read each, position q's four inputs in one 16-byte
+// read. The inputs are fp32, so each is split into bf16 hi + lo (hi: x rounded, lo: x - hi rounded; hi + lo lies
+// within 2^-17 of x), two products summed in fp32; the strip's last granule stores its 16 rows' sums in red.
+template <class M, int NP>
+__device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* slot, int g, const float* xs, float* red,
+                                                    float (&hi)[4], float (&lo)[4]) {
+    const int q = c.lane >> 2, t = c.lane & 3, npos = pass_positions<NP>(c);
+    const MmaGranule m = mma_granule<M>(g / NW, c.warp);
+    const uint2* const w2 = reinterpret_cast<const uint2*>(slot);
+    const float* const xq = xs + q * MV_X;
+    const int e0 = (m.seg * M::CH + m.chunk) * 64 + 4 * t;  // this lane's first input of the granule
+    kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
+#pragma unroll
+    for (int kt = 0; kt < 4; ++kt) {
+        const int v = 2 * kt + (t >> 1);
+        const uint2 ra = w2[2 * mma_slot_index(q, v) + (t & 1)], rb = w2[2 * mma_slot_index(q + 8, v) + (t & 1)];
+        const unsigned a[4] = {ra.x, rb.x, ra.y, rb.y};
+        unsigned bh0 = 0u, bh1 = 0u, bl0 = 0u, bl1 = 0u;
+        if (q < npos) {
+            const float4 x = *reinterpret_cast<const float4*>(xq + xs_index(e0 + 16 * kt));
+            bh0 = kog_bf16x2_rn(x.x, x.y), bh1 = kog_bf16x2_rn(x.z, x.w);
+            bl0 = kog_bf16x2_rn(x.x - kog_bf16_lo(bh0), x.y - kog_bf16_hi(bh0));
+            bl1 = kog_bf16x2_rn(x.z - kog_bf16_lo(bh1), x.w - kog_bf16_hi(bh1));
+        }
+        kog_mma_bf16(hi, a, bh0, bh1);
+        kog_mma_bf16(lo, a, bl0, bl1);
+    }
+    if (m.chunk == M::CH - 1) {
+        const int nr = M::row1(c.b) - M::row0(c.b);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // (row q + 8 (k / 2), position 2t + k % 2)
+            const int r = 16 * m.tile + q + 8 * (k >> 1), p = 2 * t + (k & 1);
+            if (p < npos && r < nr) red[p * MV_RED + r * M::NSEG + m.seg] = hi[k] + lo[k];
+            hi[k] = lo[k] = 0.f;
+        }
+    }
+}
+
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
 // takes granules warp, warp + NW, ... from the ring, refilling it as it goes. Where NW is a
 // multiple of the segments per row, every granule of a warp covers the same K-segment, so each
@@ -206,6 +280,7 @@ __device__ __forceinline__ void release_clock_flush(const Ctx& c) {  // all thre
 // M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
 // (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
 // written to red as a float.
+// M::MMA (the drafts' build, KOG_MMA): granules of 16 rows, on the tensor cores (mma_granule_product).
 // NP > 1 (a pass's code built for NP positions, decode.cu): position p's input at xs + p MV_X, its sums at
 // red + p MV_RED, for the pass's c.npos positions; the inputs are read from shared memory (NP positions' inputs
 // would not fit the registers: the LM head's five in registers lost 2x, PERF.md session 64).
@@ -218,9 +293,9 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     constexpr int NWP = RESIDENT && KOG_PRODUCT_WARPS > 0 ? KOG_PRODUCT_WARPS : NW;
     static_assert(KOG_PRODUCT_WARPS == 0 || (KOG_EXP == 10 && !STASH && KOG_PRODUCT_WARPS <= NW),
                   "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
-    constexpr bool X_IN_REGS = NWP % M::NSEG == 0 && (NP == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
+    constexpr bool X_IN_REGS = !M::MMA && NWP % M::NSEG == 0 && (NP == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
-    const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b) : 0;
+    const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b, c.warp) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
@@ -254,6 +329,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         }
     }
     trace_mv(c, MAT, 1);
+    float mma_hi[4] = {}, mma_lo[4] = {};  // M::MMA: the warp's strip's sums so far
     for (int g = c.warp; g < ngran; g += NWP) {
         // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
         const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
@@ -261,56 +337,60 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
-        const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
-        // the U loads first, then U independent dot products: with inputs in registers a column
-        // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
-        uint4 wv[M::U];
-#pragma unroll
-        for (int i = 0; i < M::U; ++i)
-            if (X_IN_REGS || M::FULL || seg * M::SEGW + i * KOG_WAVE + c.lane < M::KV) wv[i] = slot[i * KOG_WAVE + c.lane];
-        if constexpr (M::INT8) {  // (zero inputs past the row: its slot's stale bytes add nothing)
-            int sh[M::U], sl[M::U];
-#pragma unroll
-            for (int i = 0; i < M::U; ++i) sh[i] = sl[i] = 0, dot16_i8(wv[i], xh[i], xl[i], sh[i], sl[i]);
-#pragma unroll
-            for (int j = 0; j < M::ROWS8; ++j) {  // the granule's int8 row j: the sum of its vectors
-                int a = 0, b = 0;
-#pragma unroll
-                for (int i = 0; i < M::U; ++i) {
-                    const int v = seg * M::SEGW + i * KOG_WAVE + c.lane;  // (past the rows: zero sums, the last row's)
-                    const bool in_j = M::ROWS8 == 1 || min(v / M::KV8, M::ROWS8 - 1) == j;
-                    a += in_j ? sh[i] : 0, b += in_j ? sl[i] : 0;
-                }
-                a = kog_wave_sum_i32(a), b = kog_wave_sum_i32(b);
-                if (c.lane == 0) red[g * M::ROWS8 + j] = (float)(256LL * a + b);
-            }
+        if constexpr (M::MMA) {
+            mma_granule_product<M, NP>(c, slot, g, xs, red, mma_hi, mma_lo);
         } else {
-#if KOG_EXP == 8 || KOG_EXP == 9
-            if (coded_for_timing(MAT)) {
+            const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
+            // the U loads first, then U independent dot products: with inputs in registers a column
+            // past the row has zero inputs (its slot words are finite, see ring_start), so no branch
+            uint4 wv[M::U];
 #pragma unroll
-                for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
-            }
+            for (int i = 0; i < M::U; ++i)
+                if (X_IN_REGS || M::FULL || seg * M::SEGW + i * KOG_WAVE + c.lane < M::KV) wv[i] = slot[i * KOG_WAVE + c.lane];
+            if constexpr (M::INT8) {  // (zero inputs past the row: its slot's stale bytes add nothing)
+                int sh[M::U], sl[M::U];
+#pragma unroll
+                for (int i = 0; i < M::U; ++i) sh[i] = sl[i] = 0, dot16_i8(wv[i], xh[i], xl[i], sh[i], sl[i]);
+#pragma unroll
+                for (int j = 0; j < M::ROWS8; ++j) {  // the granule's int8 row j: the sum of its vectors
+                    int a = 0, b = 0;
+#pragma unroll
+                    for (int i = 0; i < M::U; ++i) {
+                        const int v = seg * M::SEGW + i * KOG_WAVE + c.lane;  // (past the rows: zero sums, the last row's)
+                        const bool in_j = M::ROWS8 == 1 || min(v / M::KV8, M::ROWS8 - 1) == j;
+                        a += in_j ? sh[i] : 0, b += in_j ? sl[i] : 0;
+                    }
+                    a = kog_wave_sum_i32(a), b = kog_wave_sum_i32(b);
+                    if (c.lane == 0) red[g * M::ROWS8 + j] = (float)(256LL * a + b);
+                }
+            } else {
+#if KOG_EXP == 8 || KOG_EXP == 9
+                if (coded_for_timing(MAT)) {
+#pragma unroll
+                    for (int i = 0; i < M::U; ++i) wv[i] = decode_as_12bit(wv[i], base4);
+                }
 #endif
 #pragma unroll
-            for (int p = 0; p < NP; ++p) {
-                if (p >= pass_positions<NP>(c) || (KOG_EXP == 15 && p > 0)) break;  // (block-uniform)
-                const float* const xp = xs + p * MV_X;
-                float d[M::U];
+                for (int p = 0; p < NP; ++p) {
+                    if (p >= pass_positions<NP>(c) || (KOG_EXP == 15 && p > 0)) break;  // (block-uniform)
+                    const float* const xp = xs + p * MV_X;
+                    float d[M::U];
 #pragma unroll
-                for (int i = 0; i < M::U; ++i) {
-                    const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
-                    d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
-                         : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xp, col), xs_hi(xp, col)) : 0.f;
-                }
-                float acc = d[0];
+                    for (int i = 0; i < M::U; ++i) {
+                        const int col = seg * M::SEGW + i * KOG_WAVE + c.lane;
+                        d[i] = X_IN_REGS ? dot8(wv[i], xa[i], xb[i])
+                             : M::FULL || col < M::KV ? dot8(wv[i], xs_lo(xp, col), xs_hi(xp, col)) : 0.f;
+                    }
+                    float acc = d[0];
 #pragma unroll
-                for (int i = 1; i < M::U; ++i) acc += d[i];
-                float* const rp = red + p * MV_RED;
-                if (M::LANE_SUMS) {
-                    rp[g * LANE_STRIDE + c.lane] = acc;
-                } else {
-                    acc = kog_wave_sum(acc);
-                    if (c.lane == 0) rp[g] = acc;
+                    for (int i = 1; i < M::U; ++i) acc += d[i];
+                    float* const rp = red + p * MV_RED;
+                    if (M::LANE_SUMS) {
+                        rp[g * LANE_STRIDE + c.lane] = acc;
+                    } else {
+                        acc = kog_wave_sum(acc);
+                        if (c.lane == 0) rp[g] = acc;
+                    }
                 }
             }
         }

@@ -4,6 +4,8 @@
 // What the kernels rely on:
 //   - wave (warp) size KOG_WAVE and full-wave masks; shuffles, votes and sums over a wave
 //   - four-way int8 dot products (the LM head's int8 screen)
+//   - a warp-wide bf16 matrix product with fp32 sums, 16 x 16 times 16 x 8 (the drafts' build's products of
+//     several positions; a HIP build maps it to an MFMA of its own fragment layout)
 //   - memory-model primitives: relaxed/acquire loads, release stores, gpu- and system-scope
 //     fences (the flags between blocks and the token stream to host-mapped memory)
 //   - 8-byte atomic adds done in L2 without a return value (the residual stream's summed words)
@@ -171,5 +173,22 @@ __device__ __forceinline__ void kog_cp_async_wait() {
 __device__ __forceinline__ float kog_bf16_lo(unsigned w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float kog_bf16_hi(unsigned w) { return __uint_as_float(w & 0xffff0000u); }
 __device__ __forceinline__ float kog_bf16(unsigned short h) { return __uint_as_float(((unsigned)h) << 16); }
+// lo, hi rounded to bf16 (to nearest even), packed: lo in the low half
+__device__ __forceinline__ unsigned kog_bf16x2_rn(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// ---- warp matrix products ----------------------------------------------------------------
+// d += A B over the wave: A 16 x 16 (rows m, k), B 16 x 8 (k, columns n), bf16 pairs with the lower k in the low
+// half; lane l = 4 g + t holds a = {A[g][2t, 2t+1], A[g+8][2t, 2t+1], A[g][2t+8, 2t+9], A[g+8][2t+8, 2t+9]},
+// b = {B[2t, 2t+1][g], B[2t+8, 2t+9][g]} and d = {D[g][2t], D[g][2t+1], D[g+8][2t], D[g+8][2t+1]}.
+__device__ __forceinline__ void kog_mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 #endif
