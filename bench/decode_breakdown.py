@@ -170,8 +170,7 @@ VARIANTS = {
     "draft-always": {"KOG_DRAFT_ALWAYS": "1"},  # (with npos-n) every pass drafts n - 1 tokens: what an n-position pass costs
     "one-position-math": {"KOG_EXP": "15"},  # (with npos-n+draft-always) the products' dot products of the first position
     # only (garbage tokens): what the other positions' math costs a pass
-    "fma-products": {"KOG_MMA": "0"},  # (with npos-n) every product multiplies in fp32 FMAs, none on the tensor cores
-    "mma-lm-head": {"KOG_MMA": "1"},  # (with npos-n) the LM head's bf16 rows on the tensor cores (the screened shapes' default)
+    "mma-lm-head": {"KOG_MMA": "1"},  # (with npos-n) the LM head's bf16 rows on the tensor cores
     "mma-layers": {"KOG_MMA": "2"},  # (with npos-n) those, gate/up and down on the tensor cores
     **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
