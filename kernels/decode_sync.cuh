@@ -328,9 +328,9 @@ struct Tagged {  // one thread's pairs of an N-vector: pair k holds elements 2 (
 
 // Every thread: its pairs K0 .. K0 + NK - 1 of the tagged N-vector at hop word src that lie in its first `words`
 // words, once they carry `tag` (all loads of a round in flight together; a round re-reads only what was not
-// ready). False on timeout.
-template <int N, class W, int K0, int NK>
-__device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
+// ready), each handed to put(k, e, value): pair k, its first element e. False on timeout.
+template <int N, class W, int K0, int NK, class Put>
+__device__ bool gather_tagged_run(const Ctx& c, int src, unsigned tag, int words, const Put& put) {
     using T = Tagged<N>;
     unsigned pending = 0;
 #pragma unroll
@@ -345,7 +345,7 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
             if ((pending >> k) & 1u) w[k] = kog_ld_tagged2(hop_word(hop, src + 2 * (c.tid + (K0 + k) * NTHR)));
         const auto take = [&](int k) {  // pair K0 + k is ready: its values out
             const int e = 2 * (c.tid + (K0 + k) * NTHR);
-            out.v[K0 + k] = make_float2(W::value(w[k].x), W::value(w[k].y));
+            put(K0 + k, e, make_float2(W::value(w[k].x), W::value(w[k].y)));
             W::seen(e, w[k].x, c.b), W::seen(e + 1, w[k].y, c.b);
         };
         // Two words per thread: first one test over both, which needs both loads, then the words'
@@ -382,18 +382,30 @@ __device__ bool gather_tagged_run(const Ctx& c, Tagged<N>& out, int src, unsigne
 // one round trip more). The plain decode's vectors take one run on every registry shape (Qwen3-8B's x: 6). The
 // drafts' build takes four: fewer of its spills, and both kinds of pass faster than at six (PERF.md session 66).
 constexpr int GATHER_PAIRS = KOG_GATHER_PAIRS > 0 ? KOG_GATHER_PAIRS : DRAFTS ? 4 : 6;
-template <int N, class W, int K0>
-__device__ __forceinline__ bool gather_tagged_from(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words) {
-    constexpr int NK = cmin(GATHER_PAIRS, Tagged<N>::NV - K0);
-    if (!gather_tagged_run<N, W, K0, NK>(c, out, src, tag, words)) return false;
-    if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, K0 + NK>(c, out, src, tag, words);
+template <int N, class W, int RUN, int K0, class Put>
+__device__ __forceinline__ bool gather_tagged_from(const Ctx& c, int src, unsigned tag, int words, const Put& put) {
+    constexpr int NK = cmin(RUN, Tagged<N>::NV - K0);
+    if (!gather_tagged_run<N, W, K0, NK>(c, src, tag, words, put)) return false;
+    if constexpr (K0 + NK < Tagged<N>::NV) return gather_tagged_from<N, W, RUN, K0 + NK>(c, src, tag, words, put);
     return true;
 }
 // Every thread: its pairs of the tagged N-vector at hop word src (of its first `words` words: NP positions'
 // rows, of which the pass feeds fewer), once they carry `tag`. False on timeout.
 template <int N, class W = TagWord>
 __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words = N) {
-    return gather_tagged_from<N, W, 0>(c, out, src, tag, words);
+    return gather_tagged_from<N, W, GATHER_PAIRS, 0>(c, src, tag, words, [&](int k, int, float2 v) { out.v[k] = v; });
+}
+// GATHER_TO_XS (timing experiments; the drafts' build, a pass of several positions): stage_norm and stage_copy put
+// each pair into the product's input region as it lands, so that a thread holds no pairs in registers and takes
+// GATHER_TO_XS pairs a run instead of GATHER_PAIRS: a five-position vector of Llama's shape is 14 pairs a thread,
+// four runs of four (each a round trip beside the weight stream, PERF.md session 67), one run of 14.
+constexpr int GATHER_TO_XS = KOG_GATHER_TO_XS;
+template <int NP>
+__device__ __forceinline__ constexpr bool gathers_to_xs() { return NP > 1 && GATHER_TO_XS > 0; }
+// Position p's element e (of n a position) in the product's input region.
+template <int n>
+__device__ __forceinline__ float2* xs_pair(float* xs, int p, int e) {
+    return reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * n));
 }
 // Whether a thread's pair k of NP positions' N-vectors is one of the pass's (pass_positions).
 template <int N, int NP>
@@ -451,7 +463,20 @@ template <int NP, class W = TagWord>
 __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const int* tokens, const float* w,
                            int traced = NORM_UNTRACED) {
     using T = Tagged<NP * H>;
+    constexpr bool IN_XS = gathers_to_xs<NP>();
     T x;
+    float ss[NP];  // the positions' sums of squares: from the gather on where it adds them (IN_XS), else after it
+    if constexpr (IN_XS) {
+#pragma unroll
+        for (int p = 0; p < NP; ++p) ss[p] = 0.f;
+    }
+    const auto put_in_xs = [&](int, int e, float2 v) {  // (IN_XS) the pair in place, its square in its position's sum
+        const int p = position_of<H, NP>(e);
+        *xs_pair<H>(xs, p, e) = v;
+        const float s2 = v.x * v.x + v.y * v.y;
+#pragma unroll
+        for (int q = 0; q < NP; ++q) ss[q] += q == p ? s2 : 0.f;
+    };
     bool ok = true;
     trace_norm(c, traced, 0);
     if (tokens) {
@@ -461,24 +486,30 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
                 const int e = 2 * (c.tid + k * NTHR), p = position_of<H, NP>(e);
                 const unsigned short* const row = c.P->w + OFF_EMB + (long long)tokens[p] * H;
                 const unsigned v = __ldg(reinterpret_cast<const unsigned*>(row + e - p * H));
-                x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
+                if constexpr (IN_XS) put_in_xs(k, e, make_float2(kog_bf16_lo(v), kog_bf16_hi(v)));
+                else x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
             }
+    } else if constexpr (IN_XS) {
+        ok = gather_tagged_from<NP * H, W, GATHER_TO_XS, 0>(c, src, tag, pass_positions<NP>(c) * H, put_in_xs);
     } else {
         ok = gather_tagged<NP * H, W>(c, x, src, tag, pass_positions<NP>(c) * H);
     }
     trace_norm(c, traced, 1);
     float2 g[T::NV];
-    float ss[NP];
+    if constexpr (!IN_XS) {
 #pragma unroll
-    for (int p = 0; p < NP; ++p) ss[p] = 0.f;
+        for (int p = 0; p < NP; ++p) ss[p] = 0.f;
+    }
 #pragma unroll
     for (int k = 0; k < T::NV; ++k)
         if (pass_pair<H, NP>(c, k)) {
             const int e = 2 * (c.tid + k * NTHR), p = position_of<H, NP>(e);
             g[k] = __ldg(reinterpret_cast<const float2*>(w + e - p * H));
-            const float s2 = x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
+            if constexpr (!IN_XS) {
+                const float s2 = x.v[k].x * x.v[k].x + x.v[k].y * x.v[k].y;
 #pragma unroll
-            for (int q = 0; q < NP; ++q) ss[q] += q == p ? s2 : 0.f;
+                for (int q = 0; q < NP; ++q) ss[q] += q == p ? s2 : 0.f;
+            }
         }
     // the wave sums before the barrier: the wave left its poll loop as one (PERF.md session 30)
 #pragma unroll
@@ -508,8 +539,8 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
             float rp = r[0];
 #pragma unroll
             for (int q = 1; q < NP; ++q) rp = q == p ? r[q] : rp;
-            *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * H)) =
-                make_float2(x.v[k].x * rp * g[k].x, x.v[k].y * rp * g[k].y);
+            const float2 v = IN_XS ? *xs_pair<H>(xs, p, e) : x.v[k];  // (IN_XS: this thread's own store)
+            *xs_pair<H>(xs, p, e) = make_float2(v.x * rp * g[k].x, v.y * rp * g[k].y);
         }
     __syncthreads();
     trace_norm(c, traced, 4);
@@ -520,6 +551,11 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
 // the split layout at xs + p MV_X).
 template <int N, int NP>
 __device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
+    if constexpr (gathers_to_xs<NP>()) {
+        const bool ok = gather_tagged_from<NP * N, TagWord, GATHER_TO_XS, 0>(
+            c, src, tag, pass_positions<NP>(c) * N, [&](int, int e, float2 v) { *xs_pair<N>(xs, position_of<N, NP>(e), e) = v; });
+        return __syncthreads_and(ok);
+    }
     using T = Tagged<NP * N>;
     T x;
     const bool ok = gather_tagged<NP * N>(c, x, src, tag, pass_positions<NP>(c) * N);
@@ -527,7 +563,7 @@ __device__ bool stage_copy(const Ctx& c, float* xs, int src, unsigned tag) {
     for (int k = 0; k < T::NV; ++k)
         if (pass_pair<N, NP>(c, k)) {
             const int e = 2 * (c.tid + k * NTHR), p = position_of<N, NP>(e);
-            *reinterpret_cast<float2*>(xs + p * MV_X + xs_index(e - p * N)) = x.v[k];
+            *xs_pair<N>(xs, p, e) = x.v[k];
         }
     return __syncthreads_and(ok);
 }

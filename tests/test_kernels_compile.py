@@ -46,15 +46,16 @@ TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
                                                       "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b")}
 
-# ... with gate/up, down and the LM head on the tensor cores (KOG_MMA, a timing knob: kernels/decode_common.cuh).
-DRAFTS_MMA = DRAFTS["llama-3.2-1b-instruct"] | {"KOG_MMA": "2"}
+# ... with its timing knobs' other paths (kernels/decode_common.cuh): gate/up, down and the LM head on the tensor
+# cores, the long gathers straight into the products' input region.
+DRAFTS_KNOBS = DRAFTS["llama-3.2-1b-instruct"] | {"KOG_MMA": "2", "KOG_GATHER_TO_XS": "16"}
 
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
          + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)] + [("decode.cu", d) for d in DRAFTS.values()]
-         + [("decode.cu", DRAFTS_MMA)])
+         + [("decode.cu", DRAFTS_KNOBS)])
 IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
        + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"] + [f"decode.cu[{n}-drafts]" for n in DRAFTS]
-       + ["decode.cu[llama-3.2-1b-drafts-mma]"])
+       + ["decode.cu[llama-3.2-1b-drafts-knobs]"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
