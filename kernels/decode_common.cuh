@@ -711,11 +711,10 @@ constexpr long long SIDE_LAYER = SIDE_PAIRS * (side_region<MQKV>() + side_region
 #if KOG_EXP == 12
 __device__ long long kog_side_bytes = NL * SIDE_LAYER + SIDE_PAIRS * (side_region<MLM>() + side_region<MLM8>());  // (the host reads it)
 #endif
-__host__ __device__ constexpr unsigned div_inv(int n) { return n > 1 ? (unsigned)((0x100000000ull + n - 1) / n) : 0u; }  // 2^32 would wrap
 template <class M>
 __device__ __forceinline__ Source source_of(const unsigned short* w, long long off, int b, int warp, long long base, int role) {
     static_assert(M::U <= SLOT / KOG_WAVE, "granule wider than a ring slot");
-    constexpr unsigned inv = div_inv(M::NSEG);
+    constexpr unsigned inv = M::NSEG > 1 ? (unsigned)((0x100000000ull + M::NSEG - 1) / M::NSEG) : 0u;  // 2^32 would wrap
 #if KOG_EXP == 12
     (void)off;
     const unsigned long long region = reinterpret_cast<unsigned long long>(w) + base + role / 2 * side_region<M>();
