@@ -174,7 +174,8 @@ VARIANTS = {
     "mma-layers": {"KOG_MMA": "2"},  # (with npos-n) those, gate/up and down on the tensor cores
     **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills
     # (with npos-n) the long gathers put each pair into the products' input region as it lands, n pairs a run
-    **{f"gather-to-xs-{n}": {"KOG_GATHER_TO_XS": str(n)} for n in (8, 16)},
+    # (0: held in registers, GATHER_PAIRS a run)
+    **{f"gather-to-xs-{n}": {"KOG_GATHER_TO_XS": str(n)} for n in (0, 8, 16)},
     "hop-far": {},  # (set on the host: HOST_CHANGES) every block polls the far partition's copy, the same machine code
     "weights-near": {"KOG_EXP": "12"},  # (and HOST_CHANGES) garbage weights from a buffer laid out by L2 partition,
     # each block streaming only its own partition's chunks: what a weight layout by partition would gain

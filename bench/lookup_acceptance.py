@@ -10,6 +10,7 @@ quote the code); prose copies little: the prompts below hold both.
 
     python bench/lookup_acceptance.py [--model NAME] [--device cpu|cuda] [--tokens 256] [--drafts 2,4,8]
     python bench/lookup_acceptance.py --device cuda --positions 5   # and the CUDA decode's drafted passes, timed
+    python bench/lookup_acceptance.py --device cuda --positions 5 --define KOG_GATHER_TO_XS=8   # another build
 
 For each prompt it prints the tokens a pass for each k, and for k = 4 the share of passes that had a draft
 and the share whose draft lost its first token (a pass that a plain decode would have run anyway).
@@ -121,15 +122,20 @@ def main() -> None:
     parser.add_argument("--ngram", type=int, default=4)
     parser.add_argument("--positions", type=int, default=1, help="CUDA: also decode with this many positions a pass")
     parser.add_argument("--min-match", type=int, default=MIN_MATCH, help="a draft needs this many of the last tokens matched")
+    parser.add_argument("--define", action="append", default=[], metavar="KOG_X=N",
+                        help="CUDA: a kernel build knob (kernels/decode_common.cuh), repeatable")
     args = parser.parse_args()
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
-    if args.min_match != MIN_MATCH and args.device == "cuda":  # (the kernel's rule, a build knob)
+    defines = dict(d.split("=", 1) for d in args.define)
+    if args.min_match != MIN_MATCH:  # (the kernel's rule, a build knob)
+        defines["KOG_DRAFT_MIN_MATCH"] = str(args.min_match)
+    if defines and args.device == "cuda":
         from engine.backends.cuda import CudaBackend
 
-        backend = CudaBackend(model, 4096, defines={"KOG_DRAFT_MIN_MATCH": str(args.min_match)})
+        backend = CudaBackend(model, 4096, defines=defines)
     else:
         backend = create_backend(model, args.device, 4096)
     rates = []
