@@ -76,9 +76,9 @@
 #ifndef KOG_GATHER_PAIRS  // timing experiments: pairs in flight a thread in a tagged gather (GATHER_PAIRS, decode_sync.cuh;
 #define KOG_GATHER_PAIRS 0  // 0: by build)
 #endif
-#ifndef KOG_GATHER_TO_XS  // timing experiments: the drafts' build's gathers of several positions (norms, O's and down's
-#define KOG_GATHER_TO_XS 0  // inputs) put each pair into the product's input region as it lands, n pairs a thread in
-#endif                      // flight (GATHER_TO_XS, decode_sync.cuh; 0: no, GATHER_PAIRS held in registers)
+#ifndef KOG_GATHER_TO_XS  // the drafts' build's gathers of several positions (norms, O's and down's inputs) put each
+#define KOG_GATHER_TO_XS -1  // pair into the product's input region as it lands, n pairs a thread in flight
+#endif  // (GATHER_TO_XS, decode_sync.cuh; 0: no, GATHER_PAIRS held in registers; -1: by shape)
 #ifndef KOG_REC_PAD  // the attention records (HV_PART): 0 packed, 1 padded to whole 128-byte lines, 2 padded to 2 D
 #define KOG_REC_PAD -1  // words (whole lines and a power of two), -1 by shape (REC_W below)
 #endif

@@ -395,11 +395,14 @@ template <int N, class W = TagWord>
 __device__ bool gather_tagged(const Ctx& c, Tagged<N>& out, int src, unsigned tag, int words = N) {
     return gather_tagged_from<N, W, GATHER_PAIRS, 0>(c, src, tag, words, [&](int k, int, float2 v) { out.v[k] = v; });
 }
-// GATHER_TO_XS (timing experiments; the drafts' build, a pass of several positions): stage_norm and stage_copy put
+// GATHER_TO_XS (the drafts' build, a pass of several positions; 0 turns it off): stage_norm and stage_copy put
 // each pair into the product's input region as it lands, so that a thread holds no pairs in registers and takes
 // GATHER_TO_XS pairs a run instead of GATHER_PAIRS: a five-position vector of Llama's shape is 14 pairs a thread,
-// four runs of four (each a round trip beside the weight stream, PERF.md session 67), one run of 14.
-constexpr int GATHER_TO_XS = KOG_GATHER_TO_XS;
+// four runs of four (each a round trip beside the weight stream, PERF.md session 67), two runs at 8 (session 68).
+// By shape, eight where the positions' hidden vector takes more than one run of GATHER_PAIRS: where it takes one
+// (SmolLM2), passes without a draft lost 3.5% and the real weights' drafted decode 0-1.5% (session 68).
+constexpr int GATHER_TO_XS = KOG_GATHER_TO_XS >= 0 ? KOG_GATHER_TO_XS
+                             : Tagged<NPOS * H>::NV > GATHER_PAIRS ? 8 : 0;
 template <int NP>
 __device__ __forceinline__ constexpr bool gathers_to_xs() { return NP > 1 && GATHER_TO_XS > 0; }
 // Position p's element e (of n a position) in the product's input region.
