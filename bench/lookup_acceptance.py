@@ -21,6 +21,7 @@ must be the plain decode's, and both decode rates (the kernel's own token stamps
 from __future__ import annotations
 
 import argparse
+import re
 
 import numpy as np
 
@@ -129,6 +130,8 @@ def main() -> None:
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
+    if any(not re.fullmatch(r"KOG_\w+=-?\d+", d) for d in args.define):
+        parser.error("--define takes KOG_NAME=INTEGER")
     defines = dict(d.split("=", 1) for d in args.define)
     if args.min_match != MIN_MATCH:  # (the kernel's rule, a build knob)
         defines["KOG_DRAFT_MIN_MATCH"] = str(args.min_match)
