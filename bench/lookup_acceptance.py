@@ -126,12 +126,12 @@ def main() -> None:
     parser.add_argument("--define", action="append", default=[], metavar="KOG_X=N",
                         help="CUDA: a kernel build knob (kernels/decode_common.cuh), repeatable")
     args = parser.parse_args()
+    if any(not re.fullmatch(r"KOG_\w+=-?\d+", d) for d in args.define):
+        parser.error("--define takes KOG_NAME=INTEGER")
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
-    if any(not re.fullmatch(r"KOG_\w+=-?\d+", d) for d in args.define):
-        parser.error("--define takes KOG_NAME=INTEGER")
     defines = dict(d.split("=", 1) for d in args.define)
     if args.min_match != MIN_MATCH:  # (the kernel's rule, a build knob)
         defines["KOG_DRAFT_MIN_MATCH"] = str(args.min_match)
