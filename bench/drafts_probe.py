@@ -42,6 +42,9 @@ def main() -> None:
     for name in args.models.split(","):
         lm = loaded_model(build_hf(name, 1, device="cuda"), name)
         backend = CudaBackend(lm, 1024, draft_positions=args.positions)
+        if backend.pass_positions != args.positions:
+            raise SystemExit(f"{name}: {args.positions} positions a pass do not fit this GPU's shared memory "
+                             f"({backend.pass_positions} do)")
         prompt = random_prompt(lm.config.vocab_size, 32, np.random.default_rng(1))
         timed(backend, args.positions, prompt, 16)  # the drafts' build, and a warm-up of both
         timed(backend, 1, prompt, 16)

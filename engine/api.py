@@ -50,6 +50,16 @@ def context_cap_note(model_name: str, requested: int | None, context_size: int) 
     return f"{model_name} holds at most {context_size:,} tokens of context: using {context_size:,}, not {requested:,}"
 
 
+def drafts_note(model_name: str, asked: int, positions: int) -> str | None:
+    """The line a front end shows where a drafted pass runs fewer positions than `--drafts` asked (the GPU's
+    shared memory fits no more: CudaBackend.pass_positions): a notice, since the tokens stay the same."""
+    if asked <= positions:
+        return None
+    if positions == 1:
+        return f"{model_name}'s drafted passes do not fit this GPU's shared memory: decoding one position a pass, not {asked}"
+    return f"{model_name}'s drafted passes fit at most {positions} positions in this GPU's shared memory: using {positions}, not {asked}"
+
+
 def open_session(
     model: LoadedModel, device: str = "auto", context: int | None = None, system: str | None = None,
     draft_positions: int = 1,

@@ -15,8 +15,9 @@ NOT_FIXED = 3
 
 # `kog agent fix`'s --drafts where none is given and the local engine runs on CUDA: an agent's replies copy their
 # context (code, edits, tests), which drafted passes decode 1.6-2.0x faster on the default model, with the same
-# tokens (PERF.md session 66). Sampled replies (--temperature > 0) run the plain decode whatever --drafts says, so
-# they take 1 (no drafts' build made at load for nothing).
+# tokens (PERF.md session 66). Where five positions a pass do not fit the GPU's shared memory (Qwen3-8B, Qwen2.5-7B),
+# the engine takes the most that do. Sampled replies (--temperature > 0) run the plain decode whatever --drafts says,
+# so they take 1 (no drafts' build made at load for nothing).
 AGENT_DRAFTS = 5
 
 
@@ -100,10 +101,11 @@ def _client(endpoint, api_key, model, device, context, temperature, seed, drafts
 
         return OpenAIClient(endpoint, api_key, model, context or 8192, temperature)
     from agent.client_local import LocalClient
-    from engine.api import context_cap_note
+    from engine.api import context_cap_note, drafts_note
 
     client = LocalClient.open(model, device, context, SamplingParams(temperature=temperature, seed=seed), drafts)
     notice(context_cap_note(client.name, context, client.context_size))
+    notice(drafts_note(client.name, drafts, client.session.backend.pass_positions))
     return client
 
 

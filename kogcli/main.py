@@ -98,7 +98,7 @@ def generate_command(
     drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, text that repeats its context (code edits, tests) comes faster, other text slower. 1 = off."),
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
-    from engine.api import check_context, context_cap_note, load, open_session
+    from engine.api import check_context, context_cap_note, drafts_note, load, open_session
     from engine.backends import check_drafts, resolve_device
     from engine.sampling import SamplingParams
 
@@ -131,6 +131,7 @@ def generate_command(
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system, draft_positions=drafts)
     notice(context_cap_note(loaded.name, context, session.context_size))
+    notice(drafts_note(loaded.name, drafts, session.backend.pass_positions))
     if raw:
         ids = loaded.tokenizer.encode(prompt, add_special_tokens=True)
         generation = session.complete(ids, params, max_tokens)
@@ -148,7 +149,7 @@ def generate_command(
         print(json.dumps(stats.as_dict() | {"model": loaded.name, "device": session.backend.device_name}))
     else:
         passes = stats.decode_passes  # (the first token comes from the prefill)
-        drafted = f"{(stats.generated_tokens - 1) / passes:.2f} tokens a pass · " if drafts > 1 and passes else ""
+        drafted = f"{(stats.generated_tokens - 1) / passes:.2f} tokens a pass · " if session.backend.pass_positions > 1 and passes else ""
         err.print(
             f"{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
             f"TTFT {stats.ttft_s * 1e3:.0f} ms · prefill {stats.prefill_tok_s:.0f} tok/s "

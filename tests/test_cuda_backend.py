@@ -278,44 +278,68 @@ DRAFT_POSITIONS = 5  # a drafted pass: the chosen token and four drafts
 
 
 def _decode_with_drafts(gpu: CudaBackend, positions: int, prompt: list[int], n: int, stops: set[int]):
-    """A greedy decode from a fresh prefill of `prompt`, `positions` positions a pass: (tokens, status, cached)."""
+    """A greedy decode from a fresh prefill of `prompt`, up to `positions` positions a pass: (tokens, status,
+    cached, the positions a pass it ran)."""
     gpu.draft_positions = positions
     try:
         _fresh(gpu, prompt)
         toks = list(gpu.decode(GREEDY, prompt, n, stops))
+        ran = gpu.pass_positions
     finally:
         gpu.draft_positions = 1
     assert gpu.last_status["error"] == 0
-    return toks, gpu.last_status, gpu.cached_tokens
+    return toks, gpu.last_status, gpu.cached_tokens, ran
+
+
+def _check_drafts(gpu: CudaBackend, hf, prompt: list[int], what: str) -> list[int]:
+    """A decode of up to DRAFT_POSITIONS positions a pass against the plain decode from `prompt`: the same greedy
+    tokens (up to a near-tie of transformers' logits), the same cache, and exactly the passes the draft rule
+    predicts from them. Returns the plain decode's tokens."""
+    plain, _, cached_plain, _ = _decode_with_drafts(gpu, 1, prompt, N_GEN, set())
+    toks, st, cached, ran = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, set())
+    passes = lookup_passes(prompt + toks[:1], toks[1:], ran - 1, 4)[0]  # (the first token: prefill's)
+    kept = len(toks) - 1 - passes
+    print(f"  drafts, {what} prompt, {ran} positions a pass: {len(toks)} tokens in {st['passes']} passes "
+          f"({kept} drafts kept); cached {cached} vs plain {cached_plain}")
+    assert st["passes"] == passes
+    same = next((i for i, (a, b) in enumerate(zip(toks, plain)) if a != b), None)
+    if same is None:
+        assert len(toks) == len(plain) == N_GEN and cached == cached_plain
+    else:  # accepted only at a near-tie (fp32 summation order: a pass's attention units may differ)
+        row = _hf_logits(hf, prompt + toks[:same], len(prompt) + same - 1)[0]
+        margin = abs(float(row[toks[same]] - row[plain[same]]))
+        assert margin <= TIE * float(row.std()), f"{what}: drafts parted from the plain decode at {same}"
+    return plain
 
 
 def test_drafts_keep_the_plain_tokens(model):
     """A pass over the chosen token and up to four drafts copied from the context yields the plain decode's
-    greedy tokens (up to a near-tie of transformers' logits), leaves the same cache, and takes exactly the
-    passes the draft rule predicts from them: on the fixture's random prompt, on a prompt that repeats
-    itself, and with a stop id met inside a pass."""
+    greedy tokens, leaves the same cache, and takes exactly the passes the draft rule predicts from them: on
+    the fixture's random prompt, on a prompt that repeats itself, and with a stop id met inside a pass."""
     gpu, lm, hf = model["gpu"], model["lm"], model["hf"]
     half = random_prompt(lm.config.vocab_size, PROMPT // 2, model["rng"])
-    for what, prompt in (("random", model["prompt"]), ("repeated", half + half)):
-        plain, _, cached_plain = _decode_with_drafts(gpu, 1, prompt, N_GEN, set())
-        toks, st, cached = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, set())
-        passes = lookup_passes(prompt + toks[:1], toks[1:], DRAFT_POSITIONS - 1, 4)[0]  # (the first token: prefill's)
-        kept = len(toks) - 1 - passes
-        print(f"  drafts, {what} prompt: {len(toks)} tokens in {st['passes']} passes ({kept} drafts kept); "
-              f"cached {cached} vs plain {cached_plain}")
-        assert st["passes"] == passes
-        same = next((i for i, (a, b) in enumerate(zip(toks, plain)) if a != b), None)
-        if same is None:
-            assert len(toks) == len(plain) == N_GEN and cached == cached_plain
-        else:  # accepted only at a near-tie (fp32 summation order: a pass's attention units may differ)
-            row = _hf_logits(hf, prompt + toks[:same], len(prompt) + same - 1)[0]
-            margin = abs(float(row[toks[same]] - row[plain[same]]))
-            assert margin <= TIE * float(row.std()), f"{what}: drafts parted from the plain decode at {same}"
-    stop = plain[N_GEN // 2]  # (the last run's tokens: the repeated prompt)
+    _check_drafts(gpu, hf, model["prompt"], "random")
+    plain = _check_drafts(gpu, hf, half + half, "repeated")
+    stop = plain[N_GEN // 2]  # (the repeated prompt's tokens)
     first = plain.index(stop)
-    toks, st, cached = _decode_with_drafts(gpu, DRAFT_POSITIONS, half + half, N_GEN, {stop})
+    toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, half + half, N_GEN, {stop})
     assert toks == plain[: first + 1] and st["reason"] == 1
     assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
+
+
+def test_drafts_take_the_positions_that_fit(model):
+    """Where the positions asked do not fit a block's shared memory (here: a 32-block grid's larger shares, on
+    which Llama fits three and Qwen3 two of five), the backend builds the most that do, and they keep the
+    plain tokens on a prompt that repeats itself."""
+    if model["name"] not in ("llama-3.2-1b", "qwen3-1.7b"):
+        pytest.skip("a 32-block grid refuses five positions on Llama and Qwen3")
+    gpu = CudaBackend(model["lm"], 1024, draft_positions=DRAFT_POSITIONS, defines={"KOG_NBLK": "32"})
+    try:
+        assert 2 <= gpu.pass_positions < DRAFT_POSITIONS
+        half = random_prompt(model["lm"].config.vocab_size, PROMPT // 2, model["rng"])
+        _check_drafts(gpu, model["hf"], half + half, "repeated")
+    finally:
+        gpu.close()
 
 
 def test_sampler_matches_reference(model):

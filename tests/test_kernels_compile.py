@@ -3,7 +3,8 @@
 The decode kernel compiles with its default shape (Llama-3.2-1B on 132 multiprocessors), with the
 shape of every model in models.toml, as the runtime NVRTC build would, on a 32-block grid, as the
 traced build of bench/decode_breakdown.py, and as the drafts' build (five positions a pass) of the
-shapes the GPU tests check.
+shapes the GPU tests check. Every registry shape's drafts' build fits a block's shared memory at some
+number of positions a pass from 2 up, and the most that fit compile.
 """
 
 from __future__ import annotations
@@ -71,3 +72,36 @@ def test_kernel_compiles(source, defines, tmp_path):
     for line in out.splitlines():
         if "spill" in line or "Used" in line:
             print(line.strip())
+
+
+def _nvcc(defines: dict[str, str], out: Path, *flags: str) -> subprocess.CompletedProcess:
+    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", *flags, str(KERNELS / "decode.cu"), "-o", str(out)]
+    return subprocess.run(cmd + [f"-D{k}={v}" for k, v in defines.items()], capture_output=True, text=True,
+                          timeout=600, check=False)
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_drafts_build_fits(name, tmp_path):
+    """engine/backends/cuda.py fit_positions on nvcc's front end, as the backend runs it on NVRTC's: from
+    the most positions `--drafts` takes down, a build is refused only by the shared-memory assertion, and
+    at least two positions fit (a drafted pass on every registry model). Where `kog agent fix`'s default
+    does not fit, the build it gets instead compiles."""
+    from engine.backends import DRAFT_POSITIONS_MAX
+    from engine.backends.cuda import SMEM_REFUSAL, SharedMemoryShort, fit_positions
+    from kogcli.agent import AGENT_DRAFTS
+
+    def front_end(positions: int) -> int:
+        proc = _nvcc(SHAPES[name] | {"KOG_NPOS": str(positions)}, tmp_path / "k.o", "-fdevice-syntax-only")
+        errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error" in line]
+        if proc.returncode and errors and SMEM_REFUSAL in errors[0]:
+            raise SharedMemoryShort(errors[0])
+        assert proc.returncode == 0, f"{positions} positions: {errors[:3]}"
+        return positions
+
+    positions, _ = fit_positions(DRAFT_POSITIONS_MAX, front_end)
+    print(f"{name}: {positions} positions a pass fit")
+    assert positions >= 2
+    if positions < AGENT_DRAFTS:  # (where the default fits, the DRAFTS cases' builds stand for it)
+        proc = _nvcc(SHAPES[name] | {"KOG_NPOS": str(positions)}, tmp_path / "k.o")
+        assert proc.returncode == 0, proc.stderr[-4000:]

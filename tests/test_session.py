@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from engine.api import open_session  # noqa: E402
+from engine.api import drafts_note, open_session  # noqa: E402
 from engine.errors import KogError  # noqa: E402
 from engine.loader import load_model  # noqa: E402
 from engine.sampling import SamplingParams  # noqa: E402
@@ -185,3 +185,10 @@ def test_a_cancel_stops_a_long_prefill_within_a_chunk(tiny):
     # what was read stays cached, and the next turn goes on from it
     again = session.complete([3 + i % 300 for i in range(900)], max_tokens=3, stop_at_eos=False)
     assert len(run(again)) == 3 and again.stats.reused_tokens == sum(chunks)
+
+
+def test_drafts_note_says_when_fewer_positions_a_pass_run():
+    """The front ends' line where the GPU fits fewer positions a drafted pass than --drafts asked; none otherwise."""
+    assert drafts_note("qwen3-8b", 5, 5) is None and drafts_note("qwen3-8b", 1, 1) is None
+    assert drafts_note("qwen3-8b", 5, 3).endswith("using 3, not 5")
+    assert drafts_note("qwen3-8b", 5, 1).endswith("decoding one position a pass, not 5")

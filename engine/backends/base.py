@@ -24,6 +24,7 @@ class Backend(ABC):
     kv_bytes: int  # bytes per cached key/value element
     greedy_bytes_saved = 0  # bytes a greedy decode step reads fewer than every weight (cuda: the LM head's screen)
     decode_passes = 0  # passes through the model the last decode ran (cuda's drafts: a pass may yield several tokens)
+    pass_positions = 1  # positions a greedy decode pass runs (cuda's drafts: up to draft_positions)
 
     def __init__(self, config: ModelConfig, max_context: int):
         self.config = config

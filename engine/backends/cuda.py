@@ -131,6 +131,29 @@ def _cupy():
     return cupy
 
 
+# The message of the static_assert that refuses a build whose shared-memory plan does not fit a block
+# (kernels/decode_common.cuh: SMEM_BYTES <= SMEM_LIMIT).
+SMEM_REFUSAL = "shared memory per block"
+
+
+class SharedMemoryShort(KogError):
+    """A kernel build refused at compile time: its shared-memory plan does not fit a block."""
+
+
+def fit_positions(asked: int, build):
+    """`build(positions)` for asked, asked - 1, ..., 2 positions a pass, until one is not refused with
+    SharedMemoryShort: (its positions, what it returned), or (1, None) where none fits. A drafted pass
+    stages every position's product inputs and sums in shared memory, which the big shapes' (Qwen3-8B:
+    three positions, Qwen2.5-7B: two) and small grids' larger shares fill sooner; a refusal comes from
+    the compiler's front end, in a second or less."""
+    for positions in range(asked, 1, -1):
+        try:
+            return positions, build(positions)
+        except SharedMemoryShort:
+            continue
+    return 1, None
+
+
 def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir: Path = KERNEL_DIR,
                     options: tuple[str, ...] = ()) -> Path:
     """NVRTC-compile <kernel_dir>/<source> for `arch` (e.g. '90') with extra NVRTC `options`; the
@@ -156,7 +179,8 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
             (folder / f"{Path(source).stem}-{key}.log").write_text(text)
             log = text.strip().splitlines()
             first = next((line for line in log if "error" in line), log[0] if log else "")
-            raise KogError(f"compiling {source} failed: {first} (full log in {folder})") from None
+            refusal = SharedMemoryShort if SMEM_REFUSAL in first else KogError
+            raise refusal(f"compiling {source} failed: {first} (full log in {folder})") from None
         # CuPy's wrapper drops the last byte of the binary (it assumes a trailing NUL); an
         # ELF cubin ends in padding or a zero field, so put the byte back.
         binary = nvrtc.getCUBIN(prog) + b"\0"
@@ -212,7 +236,8 @@ class CudaBackend(Backend):
         """`draft_positions` > 1: a greedy decode without a repetition penalty checks up to
         draft_positions - 1 draft tokens copied from the context in each pass (a second build of the
         kernel, made at load, or on first use where a test sets `draft_positions` later; the tokens are
-        the plain decode's).
+        the plain decode's). Where that many positions do not fit a block's shared memory, the most that
+        do (`pass_positions`; 1, the plain decode, where not even two fit).
 
         `defines` (extra kernel macros), `kernel_dir` (another version of kernels/, whose parameter
         block matches this file's) and `nvrtc_options` (extra options for the decode kernel, such as
@@ -223,7 +248,7 @@ class CudaBackend(Backend):
         self._nvrtc_options = tuple(nvrtc_options)
         check_drafts(draft_positions)
         self.draft_positions = draft_positions
-        self._drafts: _DecodeKernel | None = None  # its build (_drafts_kernel)
+        self._drafts: dict[int, _DecodeKernel | None] = {}  # its build for each draft_positions (_drafts_kernel)
         cp = self.cp = _cupy()
         c = self.config
         self._check_shape(c)
@@ -336,20 +361,28 @@ class CudaBackend(Backend):
         hop = hop_space(cp, self.l2mod, k["hop_words"], k["hop_copies"], self.nsm)
         return _DecodeKernel(module=mod, function=fn, info=k, smem=smem, occupancy=per_sm, hop=hop)
 
-    def _drafts_kernel(self) -> _DecodeKernel:
-        """The build that checks drafts (kernels: NPOS), made once."""
-        if self._drafts is None:
+    def _drafts_kernel(self) -> _DecodeKernel | None:
+        """The build that checks drafts (kernels: NPOS) of `draft_positions` positions a pass, or of the most
+        that fit (fit_positions; None where not even two do), made once."""
+        asked = self.draft_positions
+        if asked not in self._drafts:
+            # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
+            defines = self._defines() | {"KOG_DN_SPLIT": str(self.kernel_info["dn_split"])}
             with self.device, self.stream:
-                # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
-                kernel = self._decode_kernel(self._defines() | {"KOG_NPOS": str(self.draft_positions),
-                                                               "KOG_DN_SPLIT": str(self.kernel_info["dn_split"])})
+                positions, kernel = fit_positions(asked, lambda n: self._decode_kernel(defines | {"KOG_NPOS": str(n)}))
             self.stream.synchronize()
-            if kernel.info["positions"] != self.draft_positions:  # (a kernel_dir of another version, say)
-                raise KogError(f"the drafts' decode kernel was not built for {self.draft_positions} positions a pass")
-            if kernel.info["lm_screen"] != self.kernel_info["lm_screen"]:  # (its passes without a draft screen)
+            if kernel is not None and kernel.info["positions"] != positions:  # (a kernel_dir of another version, say)
+                raise KogError(f"the drafts' decode kernel was not built for {positions} positions a pass")
+            if kernel is not None and kernel.info["lm_screen"] != self.kernel_info["lm_screen"]:  # (its passes without a draft screen)
                 raise KogError("the drafts' decode kernel and the weights disagree on the LM head's int8 rows")
-            self._drafts = kernel
-        return self._drafts
+            self._drafts[asked] = kernel
+        return self._drafts[asked]
+
+    @property
+    def pass_positions(self) -> int:
+        """Positions a greedy pass runs: 1 (the plain decode), `draft_positions`, or the most that fit."""
+        kernel = self._drafts_kernel() if self.draft_positions > 1 else None
+        return kernel.info["positions"] if kernel is not None else 1
 
     def _launch1d(self, kernel, n: int, args) -> None:
         blocks = int(min(max(1, (n + 255) // 256), 65535))
@@ -552,8 +585,9 @@ class CudaBackend(Backend):
         if len(stops) > self.stop_ids.size:
             raise KogError(f"at most {self.stop_ids.size} stop ids are supported, got {len(stops)}")
         use_penalty = params.repetition_penalty != 1.0 and len(history) > 0
-        drafted = self.draft_positions > 1 and params.greedy and not use_penalty
-        kernel = self._drafts_kernel() if drafted else self._main
+        drafts = self._drafts_kernel() if self.draft_positions > 1 and params.greedy and not use_penalty else None
+        drafted = drafts is not None
+        kernel = drafts if drafted else self._main
         start = self.cached_tokens
         if drafted and len(history) < start:
             raise KogError("drafts need every cached token of the context in `history`")
