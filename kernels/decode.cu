@@ -326,19 +326,32 @@ __device__ __forceinline__ bool forward(Ctx& c, const int* tokens, int pos, bool
     if (LM_SCREEN && NP == 1 && c.st.lm8) {
         lm_screen_pick(c, xs, red);
     } else {
-        mv_run<MLM, MAT_LM, NP>(c, xs, red);
-        __syncthreads();
         const int r0 = MLM::row0(b), nr = MLM::row0(b + 1) - r0;
         Best best[NP];
 #pragma unroll
         for (int p = 0; p < NP; ++p) best[p] = {-KOG_INF, 0x7fffffff};
-        for (int i = c.tid; i < npos * nr; i += NTHR) {
-            const int p = item_position<NP>(i, nr), r = i - p * nr;
-            const float v = mv_result<MLM>(red + p * MV_RED, r);
-            if (!DRAFTS) P->logits[r0 + r] = v;  // (DRAFTS: greedy, so no logits are kept)
+        const auto post_rows = [&](int k0, int n) {  // the logits of the block's rows k0 .. k0 + n - 1, sums at red
+            for (int i = c.tid; i < npos * n; i += NTHR) {
+                const int p = item_position<NP>(i, n), r = i - p * n;
+                const float v = mv_result<MLM>(red + p * MV_RED, r);
+                if (!DRAFTS) P->logits[r0 + k0 + r] = v;  // (DRAFTS: greedy, so no logits are kept)
 #pragma unroll
-            for (int q = 0; q < NP; ++q)
-                if (q == p) post_logit(P, greedy, r0 + r, v, best[q]);
+                for (int q = 0; q < NP; ++q)
+                    if (q == p) post_logit(P, greedy, r0 + k0 + r, v, best[q]);
+            }
+        };
+        if constexpr (LM_WHOLE) {
+            mv_run<MLM, MAT_LM, NP>(c, xs, red);
+            __syncthreads();
+            post_rows(0, nr);
+        } else {
+            constexpr int ROWS = LM_CHUNK / MLM::NSEG;
+            for (int k0 = 0; k0 < nr; k0 += ROWS) {
+                mv_run<MLM, MAT_LM, NP, LM_CHUNK>(c, xs, red, 0.f, k0 * MLM::NSEG);
+                __syncthreads();
+                post_rows(k0, min(ROWS, nr - k0));
+                __syncthreads();  // the next chunk's sums take these' place
+            }
         }
         publish_block_bests(c, best);
     }

@@ -601,19 +601,6 @@ __device__ __forceinline__ float mv_result(const float* red, int r) {  // row r 
 }
 
 // ---- shared memory plan (phases never overlap, so they share one region) ------------------
-// (LM_SCREEN: the warps' input maxima and sums of squares after the int8 rows' sums)
-constexpr int MV_RED = (cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), MLM::RED)), LM_SCREEN ? MLM8::RED + 2 * NW : 0) + 3) / 4 * 4;
-constexpr int SM_MV = (NPOS * (MV_X + MV_RED) + 3) / 4 * 4;       // floats: NPOS inputs, then NPOS sums (MV_RED apart)
-// The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
-// ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
-// while the block still waits for its QKV input and runs the QKV product (att_prefetch; with
-// ATT_EARLY_AT 3, while it runs the layer before's gate/up and down too).
-// (Not by default with drafts: on the big shapes NPOS products' inputs and sums leave no room past them; SmolLM2's
-// drafts' build fits them, KOG_ATT_EARLY 3, not yet timed.)
-constexpr bool ATT_EARLY = KOG_ATT_EARLY > 0 || (KOG_ATT_EARLY < 0 && !DRAFTS);
-static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
-constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
-constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
 constexpr int SM_SAMPLE = (NBINS * 24 + CAP * 8) / 4 + 64;         // floats
 // Copies into shared memory stream at full rate only into aligned lines (PERF.md v11: the ring
 // 1 KB-aligned ran 6-18% faster than 64-96 bytes past a 128-byte line, where the static
@@ -654,6 +641,33 @@ constexpr int RING_BYTES = NW * RING * SLOT * 16;  // the block's slots of weigh
 // inputs: the stash shrinks there, down to none).
 // bytes of shared memory per block, the static part's 2 KB and the hop map's copy (decode_sync.cuh) kept free
 constexpr int SMEM_LIMIT = 227 * 1024 - 2048 - (HOP_COPIES > 1 ? HOP_CHUNKS * 2 : 0);
+// The products' sums, every granule's, NPOS positions' MV_RED apart (LM_SCREEN: the warps' input maxima and sums of
+// squares after the int8 rows' sums). The LM head's are the most (Qwen3-8B: a block's 1,152 rows x 4 granules, gate/up's
+// 752). Where NPOS positions' inputs and such sums would not fit beside the ring (the drafts' build of Qwen3-4B/8B and
+// Qwen2.5-7B), the LM head runs in chunks of LM_CHUNK granules (whole rows, a multiple of NW: every warp keeps its
+// granules), each chunk's rows reduced before the next chunk's sums land in their place: the same sums, in the same
+// order, in a region sized for the layers' products.
+__host__ __device__ constexpr int red_floats(int lm) {
+    return (cmax(cmax(cmax(MQKV::RED, MO::RED), cmax(cmax(MGU::RED, MDN::RED), lm)), LM_SCREEN ? MLM8::RED + 2 * NW : 0) + 3) / 4 * 4;
+}
+__host__ __device__ constexpr int sm_mv_floats(int red) { return (NPOS * (MV_X + red) + 3) / 4 * 4; }
+constexpr bool LM_WHOLE = !DRAFTS || MLM::MMA
+                       || (sm_mv_floats(red_floats(MLM::RED)) * 4 + SMEM_ALIGN - 1) / SMEM_ALIGN * SMEM_ALIGN + RING_BYTES <= SMEM_LIMIT;
+constexpr int LM_ROUND = NW % MLM::NSEG == 0 ? NW : NW * MLM::NSEG;  // granules: whole rows, whole rounds of the warps
+constexpr int LM_CHUNK = LM_WHOLE ? MLM::RED : cmax(LM_ROUND, red_floats(0) / LM_ROUND * LM_ROUND);
+static_assert(LM_WHOLE || (!MLM::LANE_SUMS && MLM::ROWS8 == 1), "a chunk's sums: one float a granule");
+constexpr int MV_RED = red_floats(LM_CHUNK);
+constexpr int SM_MV = sm_mv_floats(MV_RED);       // floats: NPOS inputs, then NPOS sums (MV_RED apart)
+// The K/V tiles' stages: round k of a unit uses stage k % ATT_STAGES, stage 0 on top. With
+// ATT_EARLY, stage 0 lies past the products' region, so that the first round's tiles can land
+// while the block still waits for its QKV input and runs the QKV product (att_prefetch; with
+// ATT_EARLY_AT 3, while it runs the layer before's gate/up and down too).
+// (Not by default with drafts: on the big shapes NPOS products' inputs and sums leave no room past them; SmolLM2's
+// drafts' build fits them, KOG_ATT_EARLY 3, not yet timed.)
+constexpr bool ATT_EARLY = KOG_ATT_EARLY > 0 || (KOG_ATT_EARLY < 0 && !DRAFTS);
+static_assert(KOG_ATT_EARLY >= -1 && KOG_ATT_EARLY <= 4, "KOG_ATT_EARLY: -1 .. 4 (forward() issues the tiles)");
+constexpr int ATT_T0 = ATT_EARLY ? cmax(ATT_TILES, (SM_MV + 31) / 32 * 32 - (ATT_STAGES - 1) * TBR * TILE_F) : ATT_TILES;
+constexpr int SM_ATTN = ATT_T0 + ATT_STAGES * TBR * TILE_F;      // floats
 constexpr int STASH_AT = (SM_MV + SMEM_ALIGN / 4 - 1) / (SMEM_ALIGN / 4) * (SMEM_ALIGN / 4);  // floats
 constexpr int STASH_FIT = cmax(0, ((SMEM_LIMIT - RING_BYTES) / SMEM_ALIGN * (SMEM_ALIGN / 4) - STASH_AT) / (NW * SLOT * 4));
 constexpr int STASH = KOG_STASH >= 0 ? KOG_STASH : LAYER_IN_RING ? 0 : cmin(96 * 1024 / (NW * SLOT * 16), STASH_FIT);

@@ -284,8 +284,10 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
 // NP > 1 (a pass's code built for NP positions, decode.cu): position p's input at xs + p MV_X, its sums at
 // red + p MV_RED, for the pass's c.npos positions; the inputs are read from shared memory (NP positions' inputs
 // would not fit the registers: the LM head's five in registers lost 2x, PERF.md session 64).
-template <class M, int MAT, int NP>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
-__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f) {
+// CHUNK > 0 (the LM head where its sums are chunked, LM_CHUNK): only granules g0 .. g0 + CHUNK - 1, their sums at
+// red + g - g0.
+template <class M, int MAT, int NP, int CHUNK = 0>  // MAT: which of the stream's matrices M is (MAT_QKV .. MAT_LM)
+__device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, float inv_sx = 0.f, int g0 = 0) {
     // KOG_EXP 10 (timing only, garbage tokens): a layer product reads the warp's first ring slot as it
     // stands, with no wait, refill or release: what a layer whose weights were resident would cost
     // (KOG_PRODUCT_WARPS: its granules over that many warps only)
@@ -295,7 +297,8 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                   "KOG_PRODUCT_WARPS: with resident layer weights (KOG_EXP 10) and no stash only");
     constexpr bool X_IN_REGS = !M::MMA && NWP % M::NSEG == 0 && (NP == 1 || M::INT8);  // (int8 rows: LM_SCREEN, one position)
     static_assert(X_IN_REGS || !M::INT8, "int8 rows read their inputs from registers only");
-    const int ngran = NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b, c.warp) : 0;
+    static_assert(CHUNK == 0 || (!M::MMA && !M::INT8 && !M::LANE_SUMS && CHUNK % NW == 0), "a chunk: whole rounds of FMA granules");
+    const int ngran = CHUNK ? min(g0 + CHUNK, mv_ngran<M>(c.b, c.warp)) : NWP == NW || c.warp < NWP ? mv_ngran<M>(c.b, c.warp) : 0;
     constexpr bool STASHED = STASH && (MAT == MAT_GU || (STASH_DN && MAT == MAT_DN));
     trace_mv(c, MAT, 0);
     if (STASHED && c.st.stash_n) kog_cp_async_wait_pending_dyn(c.st.groups - c.st.stash_group);  // the stash has landed
@@ -330,7 +333,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
     }
     trace_mv(c, MAT, 1);
     float mma_hi[4] = {}, mma_lo[4] = {};  // M::MMA: the warp's strip's sums so far
-    for (int g = c.warp; g < ngran; g += NWP) {
+    for (int g = (CHUNK ? g0 : 0) + c.warp; g < ngran; g += NWP) {
         // the stash holds granules stash_g0, stash_g0 + NW, ... (warp-uniform); the ring the others, in order
         const bool stashed = STASHED && (unsigned)(g - c.st.stash_g0) < (unsigned)(c.st.stash_n * NW);
         if (!stashed && !RESIDENT) kog_cp_async_wait_pending<RING - 1>();  // the oldest granule has landed
@@ -389,7 +392,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
                         rp[g * LANE_STRIDE + c.lane] = acc;
                     } else {
                         acc = kog_wave_sum(acc);
-                        if (c.lane == 0) rp[g] = acc;
+                        if (c.lane == 0) rp[CHUNK ? g - g0 : g] = acc;
                     }
                 }
             }

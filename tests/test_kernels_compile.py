@@ -3,8 +3,8 @@
 The decode kernel compiles with its default shape (Llama-3.2-1B on 132 multiprocessors), with the
 shape of every model in models.toml, as the runtime NVRTC build would, on a 32-block grid, as the
 traced build of bench/decode_breakdown.py, and as the drafts' build (five positions a pass) of the
-shapes the GPU tests check. Every registry shape's drafts' build fits a block's shared memory at some
-number of positions a pass from 2 up, and the most that fit compile.
+shapes the GPU tests check and of Qwen3-8B (its LM head's sums in chunks). Every registry shape's drafts'
+build fits a block's shared memory at `kog agent fix`'s default positions a pass, or more.
 """
 
 from __future__ import annotations
@@ -43,9 +43,10 @@ LLAMA_32 = SHAPES["llama-3.2-1b-instruct"] | {"KOG_NBLK": "32"}
 # The traced build bench/decode_breakdown.py makes (its stamps are compiled out of every other build).
 TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 
-# The drafts' build (engine/backends/cuda.py draft_positions): five positions a pass.
+# The drafts' build (engine/backends/cuda.py draft_positions): five positions a pass (Qwen3-8B: the LM head's sums
+# in chunks, kernels' LM_CHUNK).
 DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
-                                                      "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b")}
+                                                      "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b", "qwen3-8b")}
 
 # ... with its knobs' other paths (kernels/decode_common.cuh): gate/up, down and the LM head on the tensor cores,
 # the long gathers' pairs held in registers.
@@ -74,25 +75,20 @@ def test_kernel_compiles(source, defines, tmp_path):
             print(line.strip())
 
 
-def _nvcc(defines: dict[str, str], out: Path, *flags: str) -> subprocess.CompletedProcess:
-    cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", *flags, str(KERNELS / "decode.cu"), "-o", str(out)]
-    return subprocess.run(cmd + [f"-D{k}={v}" for k, v in defines.items()], capture_output=True, text=True,
-                          timeout=600, check=False)
-
-
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_drafts_build_fits(name, tmp_path):
     """engine/backends/cuda.py fit_positions on nvcc's front end, as the backend runs it on NVRTC's: from
     the most positions `--drafts` takes down, a build is refused only by the shared-memory assertion, and
-    at least two positions fit (a drafted pass on every registry model). Where `kog agent fix`'s default
-    does not fit, the build it gets instead compiles."""
+    `kog agent fix`'s default fits every registry model on a 132-block grid."""
     from engine.backends import DRAFT_POSITIONS_MAX
     from engine.backends.cuda import SMEM_REFUSAL, SharedMemoryShort, fit_positions
     from kogcli.agent import AGENT_DRAFTS
 
     def front_end(positions: int) -> int:
-        proc = _nvcc(SHAPES[name] | {"KOG_NPOS": str(positions)}, tmp_path / "k.o", "-fdevice-syntax-only")
+        cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", "-fdevice-syntax-only", str(KERNELS / "decode.cu"), "-o", str(tmp_path / "k.o")]
+        cmd += [f"-D{k}={v}" for k, v in (SHAPES[name] | {"KOG_NPOS": str(positions)}).items()]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, check=False)
         errors = [line for line in (proc.stdout + proc.stderr).splitlines() if "error" in line]
         if proc.returncode and errors and SMEM_REFUSAL in errors[0]:
             raise SharedMemoryShort(errors[0])
@@ -101,7 +97,4 @@ def test_drafts_build_fits(name, tmp_path):
 
     positions, _ = fit_positions(DRAFT_POSITIONS_MAX, front_end)
     print(f"{name}: {positions} positions a pass fit")
-    assert positions >= 2
-    if positions < AGENT_DRAFTS:  # (where the default fits, the DRAFTS cases' builds stand for it)
-        proc = _nvcc(SHAPES[name] | {"KOG_NPOS": str(positions)}, tmp_path / "k.o")
-        assert proc.returncode == 0, proc.stderr[-4000:]
+    assert positions >= AGENT_DRAFTS

@@ -143,8 +143,9 @@ class SharedMemoryShort(KogError):
 def fit_positions(asked: int, build):
     """`build(positions)` for asked, asked - 1, ..., 2 positions a pass, until one is not refused with
     SharedMemoryShort: (its positions, what it returned), or (1, None) where none fits. A drafted pass
-    stages every position's product inputs and sums in shared memory, which the big shapes' (Qwen3-8B:
-    three positions, Qwen2.5-7B: two) and small grids' larger shares fill sooner; a refusal comes from
+    stages every position's product inputs and sums in shared memory: every registry shape fits five on a
+    132-multiprocessor grid (Llama-3.2-3B six, the 7-8B shapes five with the LM head's sums in chunks), but
+    `--drafts 8`, a smaller grid's larger shares or a GPU of less shared memory may not. A refusal comes from
     the compiler's front end, in a second or less."""
     for positions in range(asked, 1, -1):
         try:
