@@ -15,9 +15,9 @@ NOT_FIXED = 3
 
 # `kog agent fix`'s --drafts where none is given and the local engine runs on CUDA: an agent's replies copy their
 # context (code, edits, tests), which drafted passes decode 1.6-2.0x faster on the default model, with the same
-# tokens (PERF.md session 66). Where five positions a pass do not fit the GPU's shared memory (a GPU of less than an
-# H100's), the engine takes the most that do. Sampled replies (--temperature > 0) run the plain decode whatever --drafts says,
-# so they take 1 (no drafts' build made at load for nothing).
+# tokens (PERF.md session 66). Where five positions a pass do not fit the GPU's shared memory (every registry model
+# fits them on an H100 or H200), the engine takes the most that do. Sampled replies (--temperature > 0) run the plain
+# decode whatever --drafts says, so they take 1 (no drafts' build made at load for nothing).
 AGENT_DRAFTS = 5
 
 

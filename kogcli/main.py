@@ -149,7 +149,8 @@ def generate_command(
         print(json.dumps(stats.as_dict() | {"model": loaded.name, "device": session.backend.device_name}))
     else:
         passes = stats.decode_passes  # (the first token comes from the prefill)
-        drafted = f"{(stats.generated_tokens - 1) / passes:.2f} tokens a pass · " if session.backend.pass_positions > 1 and passes else ""
+        multi = session.backend.pass_positions > 1 and passes  # (passes of several positions ran)
+        drafted = f"{(stats.generated_tokens - 1) / passes:.2f} tokens a pass · " if multi else ""
         err.print(
             f"{stats.generated_tokens} tokens · decode {stats.decode_tok_s:.1f} tok/s · "
             f"TTFT {stats.ttft_s * 1e3:.0f} ms · prefill {stats.prefill_tok_s:.0f} tok/s "

@@ -372,10 +372,11 @@ class CudaBackend(Backend):
             with self.device, self.stream:
                 positions, kernel = fit_positions(asked, lambda n: self._decode_kernel(defines | {"KOG_NPOS": str(n)}))
             self.stream.synchronize()
-            if kernel is not None and kernel.info["positions"] != positions:  # (a kernel_dir of another version, say)
-                raise KogError(f"the drafts' decode kernel was not built for {positions} positions a pass")
-            if kernel is not None and kernel.info["lm_screen"] != self.kernel_info["lm_screen"]:  # (its passes without a draft screen)
-                raise KogError("the drafts' decode kernel and the weights disagree on the LM head's int8 rows")
+            if kernel is not None:
+                if kernel.info["positions"] != positions:  # (a kernel_dir of another version, say)
+                    raise KogError(f"the drafts' decode kernel was not built for {positions} positions a pass")
+                if kernel.info["lm_screen"] != self.kernel_info["lm_screen"]:  # (its passes without a draft screen)
+                    raise KogError("the drafts' decode kernel and the weights disagree on the LM head's int8 rows")
             self._drafts[asked] = kernel
         return self._drafts[asked]
 
