@@ -140,6 +140,18 @@ class SharedMemoryShort(KogError):
     """A kernel build refused at compile time: its shared-memory plan does not fit a block."""
 
 
+def first_error(log: str) -> str:
+    """A compiler log's first line that says error (its first line where none does)."""
+    lines = log.strip().splitlines()
+    return next((line for line in lines if "error" in line), lines[0] if lines else "")
+
+
+def compile_error(first: str, message: str) -> KogError:
+    """The error a failed build raises, from its log's first error: SharedMemoryShort where that is the
+    shared-memory refusal (fit_positions steps over it), else KogError."""
+    return (SharedMemoryShort if SMEM_REFUSAL in first else KogError)(message)
+
+
 def fit_positions(asked: int, build):
     """`build(positions)` for asked, asked - 1, ..., 2 positions a pass, until one is not refused with
     SharedMemoryShort: (its positions, what it returned), or (1, None) where none fits. A drafted pass
@@ -178,10 +190,8 @@ def compile_kernels(source: str, defines: dict[str, str], arch: str, kernel_dir:
             text = nvrtc.getProgramLog(prog)
             make_dir(folder)
             (folder / f"{Path(source).stem}-{key}.log").write_text(text)
-            log = text.strip().splitlines()
-            first = next((line for line in log if "error" in line), log[0] if log else "")
-            refusal = SharedMemoryShort if SMEM_REFUSAL in first else KogError
-            raise refusal(f"compiling {source} failed: {first} (full log in {folder})") from None
+            first = first_error(text)
+            raise compile_error(first, f"compiling {source} failed: {first} (full log in {folder})") from None
         # CuPy's wrapper drops the last byte of the binary (it assumes a trailing NUL); an
         # ELF cubin ends in padding or a zero field, so put the byte back.
         binary = nvrtc.getCUBIN(prog) + b"\0"
