@@ -562,10 +562,10 @@ extern "C" __global__ void __launch_bounds__(NTHR, 1) kog_decode(const KParams* 
         if (reason) break;
         if (c.tid == 0) pass_tokens[0] = token;  // (the checks above read pass_tokens[1 ..] only)
         __syncthreads();
-        if (DRAFTS) drafted = draft_search(c, pos, pass_tokens, &draft_key);
+        if (DRAFTS) drafted = KOG_EXP == 16 ? 0 : KOG_EXP == 17 ? P->max_tokens < 0 : draft_search(c, pos, pass_tokens, &draft_key);
         c.npos = 1 + drafted;
         if (DRAFTS && LM_SCREEN) c.st.lm8 = !drafted && screens_lm_head(P);  // (its stream reaches the LM head in this pass)
-        if (!(DRAFTS && drafted ? forward<NPOS>(c, pass_tokens, pos, greedy, xown) : forward<1>(c, pass_tokens, pos, greedy, xown))) {
+        if (!(DRAFTS && KOG_EXP != 16 && drafted ? forward<NPOS>(c, pass_tokens, pos, greedy, xown) : forward<1>(c, pass_tokens, pos, greedy, xown))) {
             ok = false;
             break;
         }

@@ -17,7 +17,10 @@
                    // chunk of every pair, would stream: side_granule in decode_ring.cuh), 13 gate/up's product
                    // does not wait for O (the O -> gate/up hop gone), 14 down's does not wait for gate/up, 15 a
                    // pass of several positions runs the products' math for its first position only (garbage
-                   // tokens: what the other positions' dot products cost; with KOG_DRAFT_ALWAYS)
+                   // tokens: what the other positions' dot products cost; with KOG_DRAFT_ALWAYS), 16 the drafts'
+                   // build with neither its draft search nor its several-position code (every pass one position:
+                   // what its layouts cost a pass without a draft), 17 no draft search, the several-position
+                   // code built but never run (what the search costs, and with 16 what that code's registers cost)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif
