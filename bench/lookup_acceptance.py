@@ -25,58 +25,11 @@ import re
 
 import numpy as np
 
-from agent import prompts
+from agent.workloads import PROMPTS
 from engine.api import load
 from engine.backends import create_backend
 from engine.session import Session
 from engine.sampling import SamplingParams
-
-CODE = '''import json
-from pathlib import Path
-
-
-class Inventory:
-    """Items and their counts, saved as JSON."""
-
-    def __init__(self, path):
-        self.path = Path(path)
-        self.items = {}
-        if self.path.exists():
-            self.items = json.loads(self.path.read_text())
-
-    def add(self, name, count=1):
-        if count <= 0:
-            raise ValueError("count must be positive")
-        self.items[name] = self.items.get(name, 0) + count
-
-    def remove(self, name, count=1):
-        have = self.items.get(name, 0)
-        if count > have:
-            raise ValueError(f"only {have} of {name}")
-        self.items[name] = have - count
-        if self.items[name] == 0:
-            del self.items[name]
-
-    def total(self):
-        return sum(self.items.values())
-
-    def save(self):
-        self.path.write_text(json.dumps(self.items, indent=2))
-'''
-
-PROMPTS = {  # name: (system message or None, user message)
-    "write": (None, "Write a Python function that reverses a list."),
-    "explain": (None, f"Explain what this code does, method by method.\n```python\n{CODE}```"),
-    "rename": (None, f"Here is a file:\n```python\n{CODE}```\nRename the method `total` to `count_all` and output the whole file."),
-    "tests": (None, f"Write pytest tests for this class.\n```python\n{CODE}```"),
-    "agent": (
-        prompts.system(allow_shell=False, allow_test_edits=False),
-        "The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
-        "Output:\nFAILED tests/test_inventory.py::test_remove_too_many - DID NOT RAISE ValueError\n\n"
-        f"--- inventory.py\n{CODE.replace('if count > have:', 'if count > have + 1:')}",
-    ),
-}
-
 
 MIN_MATCH = 2  # the CUDA decode's rule (kernels/decode.cu DRAFT_MIN_MATCH)
 

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from engine.config import ModelConfig
+from engine.errors import KogError
 from engine.model import LoadedModel
 from engine.sampling import SamplingParams
 
@@ -120,6 +121,73 @@ def run_kog(model: LoadedModel, device: str, workload: Workload, synthetic: bool
             result.samples.append(_sample(times, start, len(prompt)))
     backend.close()
     return result
+
+
+@dataclass
+class DraftRun:
+    """One prompt's reply decoded plainly and with drafted passes on the same backend (`kog bench --drafts`)."""
+
+    model: str
+    prompt: str  # the workload's name for it
+    positions: int  # positions a drafted pass ran (fewer than asked where more do not fit the GPU)
+    tokens: int  # tokens in the reply
+    passes: int  # drafted passes after the reply's first token (that one comes from the prefill)
+    identical: bool  # the drafted reply is the plain one, token for token
+    plain: list[Sample] = field(default_factory=list)
+    drafted: list[Sample] = field(default_factory=list)
+
+    def rate(self, drafted: bool) -> float:
+        return statistics.median(s.decode_tok_s for s in (self.drafted if drafted else self.plain))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_drafts(model: LoadedModel, prompts: dict[str, tuple[str | None, str]], positions: int, max_tokens: int,
+               repetitions: int) -> list[DraftRun]:
+    """Each prompt's greedy reply (to its end of turn, max_tokens at most) decoded one position a pass and
+    `positions` a pass (CUDA: up to positions - 1 tokens copied from the context checked in each pass), one
+    warm-up of each, then the two in turn. A reply needs two tokens to have a decode rate."""
+    from engine.api import open_session
+    from engine.session import Session
+
+    longest = max(len(model.tokenizer.encode_chat([{"role": "system", "content": system}] * bool(system)
+                                                  + [{"role": "user", "content": text}], add_generation_prompt=True))
+                  for system, text in prompts.values())
+    if longest + max_tokens > model.config.max_context:
+        raise KogError(f"{model.name}: the drafts workload's longest prompt ({longest} tokens) + {max_tokens} exceeds "
+                       f"its {model.config.max_context}")
+    backend = open_session(model, device="cuda", context=longest + max_tokens, draft_positions=positions).backend
+
+    def reply(system: str | None, text: str, n: int) -> tuple[list[int], list[float], int]:
+        """The reply's tokens, when each reached the host, and the prompt's length (n positions a pass)."""
+        backend.draft_positions = n
+        generation = Session(model, backend, system=system).send(text, SamplingParams(), max_tokens)
+        times = [event.time for event in generation if event.id >= 0]
+        return generation.token_ids, times, generation.stats.prompt_tokens
+
+    def sample(system: str | None, text: str, n: int) -> Sample:
+        start = time.perf_counter()
+        _, times, prompt_tokens = reply(system, text, n)
+        return _sample(times, start, prompt_tokens)
+
+    runs = []
+    try:
+        for name, (system, text) in prompts.items():
+            tokens = reply(system, text, 1)[0]
+            if len(tokens) < 2:
+                raise KogError(f"{model.name}: its reply to the drafts workload's '{name}' prompt is one token: "
+                               "no decode to time")
+            drafted = reply(system, text, positions)[0]
+            run = DraftRun(model=model.name, prompt=name, positions=backend.pass_positions, tokens=len(tokens),
+                           passes=backend.decode_passes, identical=drafted == tokens)
+            for _ in range(repetitions):
+                run.plain.append(sample(system, text, 1))
+                run.drafted.append(sample(system, text, positions))
+            runs.append(run)
+    finally:
+        backend.close()
+    return runs
 
 
 def _transformers_model(model: LoadedModel, device: str):

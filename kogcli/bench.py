@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from agent.workloads import PROMPTS
 from engine.errors import KogError
 from engine.files import write_atomic
 from engine.paths import expand_user
@@ -24,6 +25,7 @@ QUICK_CONTEXTS, FULL_CONTEXTS = [32], [32, 1024, 4096]
 GPU_MODELS = ["smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct", "llama-3.2-1b-instruct",
               "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b"]
 AGENT_TOKENS = 50_000
+DRAFTS_TOKENS = 256  # a drafts workload's reply at most
 
 
 def register(app: typer.Typer) -> None:
@@ -41,12 +43,14 @@ def bench_command(
     peers: bool = typer.Option(True, "--peers/--no-peers", help="Also run transformers (eager; static cache + CUDA graph on a GPU)."),
     json_file: Optional[Path] = typer.Option(None, "--json", help="Write machine info and every sample as JSON."),
     plot_file: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of tok/s and MBU per backend and model."),
+    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Also decode five replies an agent's model writes (real weights, greedy, --tokens at most) one position a pass and up to N a pass (CUDA: N - 1 draft tokens copied from the context checked in each pass), and compare. 1 = off."),
 ):
     """Measure single-request decode speed: tok/s, TTFT, latency, MBU against the measured bandwidth."""
     from engine import benchmark, hardware
-    from engine.backends import resolve_device
+    from engine.backends import check_drafts, resolve_device
 
     device = resolve_device(device)
+    check_drafts(drafts, device)
     if runs is not None and runs < 1 or tokens is not None and tokens < 2:
         raise KogError("--runs must be >= 1 and --tokens >= 2")
     if plot_file is not None:
@@ -73,6 +77,8 @@ def bench_command(
             _check_fits(spec.name, spec.context, workloads)
             if spec.default:
                 fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
+    if drafts > 1 and all(_synthetic(target) for target in targets):
+        raise KogError("--drafts decodes real replies, and none of these models is on disk: `kog pull NAME` first")
     info = hardware.describe(device)
     if device == "cpu":
         if _gpu_present():
@@ -81,7 +87,7 @@ def bench_command(
             err.print("no GPU found: measuring the CPU backend", style="yellow")
     err.print(f"measuring the read bandwidth of the {info['device']} ...")
     bandwidth = hardware.read_bandwidth_gb_s(device)
-    results = []
+    results, drafted = [], []
     for target in targets:
         loaded, synthetic = _load(target)
         _check_fits(loaded.name, loaded.config.max_context, workloads)
@@ -94,15 +100,22 @@ def bench_command(
                     group.append(benchmark.run_transformers(loaded, device, workload, synthetic, graph=True))
             benchmark.apply_gate(group)
             results.extend(group)
+        if drafts > 1 and synthetic:
+            err.print(f"{loaded.name}: random weights, so no drafts workload (its text decides what a draft holds)")
+        elif drafts > 1:
+            err.print(f"{loaded.name}: {len(PROMPTS)} replies, plain and with up to {drafts} positions a pass ...")
+            drafted.extend(benchmark.run_drafts(loaded, PROMPTS, drafts, tokens or DRAFTS_TOKENS, runs or (3 if quick else 5)))
     report = {
         "machine": info | {"python": platform.python_version(), "versions": _versions()},
         "bandwidth_gb_s": bandwidth,
         "runs": [r.as_dict() | {"mbu": r.mbu(bandwidth), "weights": _weights_label(r.synthetic)} for r in results],
-    }
+    } | ({"drafts": [r.as_dict() for r in drafted]} if drafts > 1 else {})
     if quick:
         _print_quick(results[0], info, bandwidth)
     else:
         _print_table(results, info, bandwidth)
+    if drafted:
+        _print_drafts(drafted, drafts)
     for path, write in ((json_file, lambda p: write_atomic(p, json.dumps(report, indent=1).encode())),
                         (plot_file, lambda p: _plot(results, bandwidth, p))):
         if path is not None:
@@ -149,18 +162,24 @@ def _default_tokens(device: str, quick: bool) -> int:
     return 64 if quick else 128
 
 
+def _synthetic(target: str | None) -> bool:
+    """Whether `_load` gives random weights: a registry model that is not on disk and not the default (pulled)."""
+    from engine.registry import Registry, installed
+
+    spec = Registry().resolve(target).spec
+    return spec is not None and not installed(spec) and not spec.default
+
+
 def _load(target: str | None):
     """Real weights when the model is on disk (the default model is pulled), else random
     weights at the registry's shapes."""
     from engine.api import load
-    from engine.registry import Registry, installed
+    from engine.registry import Registry
     from engine.synthetic import synthetic_model
 
-    registry = Registry()
-    resolved = registry.resolve(target)
-    spec = resolved.spec
-    if spec is None or installed(spec) or spec.default:
+    if not _synthetic(target):
         return load(target), False
+    spec = Registry().resolve(target).spec
     return synthetic_model(spec.name, spec.model_config(), seed=0), True
 
 
@@ -252,6 +271,29 @@ def _table_cells(run, results, bandwidth: float) -> dict[str, str]:
         "MBU": f"{run.mbu(bandwidth):.0%}",
         "vs best peer": f"{run.median('decode_tok_s') / best_peer:.2f}x" if best_peer else "-",
     }
+
+
+def _print_drafts(runs, asked: int) -> None:
+    title = (f"kog bench --drafts {asked} · replies decoded one position a pass (plain) and with drafts copied from "
+             "the context (real weights, greedy)")
+    columns = ["model", "reply", "tokens", "positions", "tokens a pass", "plain tok/s", "drafted tok/s", "speed-up"]
+    rows = []
+    for model in dict.fromkeys(r.model for r in runs):
+        mine = [r for r in runs if r.model == model]
+        for r in mine:
+            rows.append({"model": model, "reply": r.prompt, "tokens": str(r.tokens), "positions": str(r.positions),
+                         "tokens a pass": f"{(r.tokens - 1) / r.passes:.2f}", "plain tok/s": f"{r.rate(False):,.1f}",
+                         "drafted tok/s": f"{r.rate(True):,.1f}",
+                         # (drafts must not change a reply: one that does is a bug, and its rate means nothing)
+                         "speed-up": f"{r.rate(True) / r.rate(False):.2f}x" if r.identical else "tokens differ"})
+        same = [r for r in mine if r.identical]
+        if same:  # the replies as one text: their tokens over their decode times, each at its median rate
+            decoded = sum(r.tokens - 1 for r in same)
+            plain_s, drafted_s = (sum((r.tokens - 1) / r.rate(d) for r in same) for d in (False, True))
+            rows.append({"model": model, "reply": "all", "tokens": str(sum(r.tokens for r in same)),
+                         "plain tok/s": f"{decoded / plain_s:,.1f}", "drafted tok/s": f"{decoded / drafted_s:,.1f}",
+                         "speed-up": f"{plain_s / drafted_s:.2f}x"})
+    print_table(title, columns, rows, set(columns) - {"model", "reply"})
 
 
 def _require_matplotlib() -> None:

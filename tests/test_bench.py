@@ -178,3 +178,32 @@ def test_a_context_the_model_cannot_hold_fails_before_measuring():
                  "--context", "8000", "--tokens", "300")
     assert_one_line_error(result, "smollm2-135m-instruct: context 8000 + 300 tokens exceeds its 8192")
     assert "measuring" not in result.stderr
+
+
+def test_drafts_need_the_cuda_backend_and_a_count_in_range():
+    assert_one_line_error(kog("bench", "--quick", "--device", "cpu", "--drafts", "5"), "--drafts needs the CUDA backend")
+    assert_one_line_error(kog("bench", "--quick", "--drafts", "9"), "--drafts must be 1 (off) to 8, got 9")
+
+
+def test_the_drafts_table_sums_the_replies_that_kept_their_tokens(capsys, monkeypatch):
+    from engine.benchmark import DraftRun, Sample
+
+    def run(prompt, tokens, passes, plain, drafted, identical=True):
+        samples = lambda rates: [Sample(r, 0.01, 1e4, 1.0, 1.0) for r in rates]  # noqa: E731
+        return DraftRun(model="smollm2-135m-instruct", prompt=prompt, positions=5, tokens=tokens, passes=passes,
+                        identical=identical, plain=samples(plain), drafted=samples(drafted))
+
+    from kogcli.bench import _print_drafts
+
+    monkeypatch.setenv("COLUMNS", "250")
+    # rename: 201 tokens, 200 after the first in 50 passes; medians 3,000 and 6,000 tok/s
+    _print_drafts([run("rename", 201, 50, [2900, 3000, 3100], [6000, 5000, 7000]),
+                   run("write", 101, 100, [3000], [2500]),
+                   run("tests", 51, 20, [3000], [9000], identical=False)], 5)
+    lines = capsys.readouterr().out.splitlines()
+    row = {line.split("│")[2].strip(): line for line in lines if line.count("│") > 8}
+    assert "4.00" in row["rename"] and "2.00x" in row["rename"] and "6,000.0" in row["rename"]
+    assert "1.00" in row["write"] and "0.83x" in row["write"]
+    assert "tokens differ" in row["tests"] and "3.00x" not in row["tests"]
+    # all: 300 tokens after the first in 200/3000 + 100/3000 s plain, 200/6000 + 100/2500 s drafted (tests left out)
+    assert "302" in row["all"] and "3,000.0" in row["all"] and "4,090.9" in row["all"] and "1.36x" in row["all"]
