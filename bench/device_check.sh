@@ -3,7 +3,7 @@
 # most 64 MiB, so the 98 MB default model travels in two halves, split into .models/a and
 # .models/b with `split -b 50000000`; the gguf wheel travels in .whl).
 #   phase 1 (carry .whl .models/a): the GPU tests on random-init models at real shapes
-#   phase 2 (carry .whl .models/b): real weights: GPU test, kog generate, drafted passes, kog bench
+#   phase 2 (carry .whl .models/b): real weights: GPU tests, kog generate, drafted passes, kog bench (and --drafts 5)
 #   phase variants (carry .whl): timing knobs of the current tree, one call: for each of $MODELS (comma-separated),
 #     greedy tokens of each of $VARIANTS against the default (bench/variant_tokens.py, prompts $CONTEXTS), then
 #     the default and the variants timed twice in alternation at each of $CONTEXTS (bench/decode_breakdown.py)
@@ -31,7 +31,7 @@ case "$1" in
   sha256sum "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
   timeout 120 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k real_default -rfEs -s 2>&1 | tee "$OUT/real.log"
   timeout 60 $KOG generate "Write a Python function that reverses a list." --device cuda --max-tokens 96
-  timeout 60 $KOG bench --quick --device cuda --json "$OUT/quick.json" 2>&1 | tee "$OUT/quick.log"
+  timeout 90 $KOG bench --quick --drafts 5 --device cuda --json "$OUT/quick.json" 2>&1 | tee "$OUT/quick.log"
   timeout 330 $KOG bench --device cuda --context 32 --tokens 256 --runs 5 --model llama-3.2-1b-instruct \
     --model qwen2.5-coder-1.5b-instruct --model smollm2-135m-instruct --json "$OUT/bench.json" --plot "$OUT/bench.png" \
     2>&1 | tee "$OUT/bench.log"

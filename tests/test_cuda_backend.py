@@ -567,3 +567,18 @@ def test_real_default_model_matches_the_cpu_reference(default_gguf):
     same = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), N_GEN)
     print(f"  real weights: first {same}/{N_GEN} greedy tokens identical: {model.tokenizer.decode(ours[:40])!r}")
     assert ours == reference
+
+
+def test_real_default_model_drafts_keep_the_replies(default_gguf):
+    """`kog bench --drafts`'s workload on SmolLM2's real weights: each reply decoded five positions a pass is the plain
+    decode's, and the agent's fix, which copies its file, takes fewer passes than tokens."""
+    from agent.workloads import PROMPTS
+    from engine.benchmark import run_drafts
+    from engine.loader import load_model
+
+    runs = {r.prompt: r for r in run_drafts(load_model(default_gguf), PROMPTS, 5, 160, 1)}
+    for r in runs.values():
+        print(f"  {r.prompt}: {r.tokens} tokens in {r.passes + 1} passes, tokens {'identical' if r.identical else 'DIFFERENT'}")
+    assert set(runs) == set(PROMPTS) and all(r.identical and r.positions == 5 for r in runs.values())
+    agent = runs["agent"]
+    assert agent.tokens > 16 and agent.passes < (agent.tokens - 1) * 2 / 3  # (3.9 tokens a pass over 256 tokens, H100)
