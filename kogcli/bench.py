@@ -14,7 +14,6 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from agent.workloads import PROMPTS
 from engine.errors import KogError
 from engine.files import write_atomic
 from engine.paths import expand_user
@@ -103,6 +102,8 @@ def bench_command(
         if drafts > 1 and synthetic:
             err.print(f"{loaded.name}: random weights, so no drafts workload (its text decides what a draft holds)")
         elif drafts > 1:
+            from agent.workloads import PROMPTS
+
             err.print(f"{loaded.name}: {len(PROMPTS)} replies, plain and with up to {drafts} positions a pass ...")
             drafted.extend(benchmark.run_drafts(loaded, PROMPTS, drafts, tokens or DRAFTS_TOKENS, runs or (3 if quick else 5)))
     report = {
