@@ -143,6 +143,17 @@ class DraftRun:
         return asdict(self)
 
 
+def drafts_context(model: LoadedModel, prompts: dict[str, tuple[str | None, str]], max_tokens: int) -> int:
+    """The context run_drafts needs: its longest prompt and a whole reply (a KogError where the model holds less)."""
+    longest = max(len(model.tokenizer.encode_chat([{"role": "system", "content": system}] * bool(system)
+                                                  + [{"role": "user", "content": text}], add_generation_prompt=True))
+                  for system, text in prompts.values())
+    if longest + max_tokens > model.config.max_context:
+        raise KogError(f"{model.name}: the drafts workload's longest prompt ({longest} tokens) + {max_tokens} exceeds "
+                       f"its {model.config.max_context}")
+    return longest + max_tokens
+
+
 def run_drafts(model: LoadedModel, prompts: dict[str, tuple[str | None, str]], positions: int, max_tokens: int,
                repetitions: int) -> list[DraftRun]:
     """Each prompt's greedy reply (to its end of turn, max_tokens at most) decoded one position a pass and
@@ -151,13 +162,8 @@ def run_drafts(model: LoadedModel, prompts: dict[str, tuple[str | None, str]], p
     from engine.api import open_session
     from engine.session import Session
 
-    longest = max(len(model.tokenizer.encode_chat([{"role": "system", "content": system}] * bool(system)
-                                                  + [{"role": "user", "content": text}], add_generation_prompt=True))
-                  for system, text in prompts.values())
-    if longest + max_tokens > model.config.max_context:
-        raise KogError(f"{model.name}: the drafts workload's longest prompt ({longest} tokens) + {max_tokens} exceeds "
-                       f"its {model.config.max_context}")
-    backend = open_session(model, device="cuda", context=longest + max_tokens, draft_positions=positions).backend
+    context = drafts_context(model, prompts, max_tokens)
+    backend = open_session(model, device="cuda", context=context, draft_positions=positions).backend
 
     def reply(system: str | None, text: str, n: int) -> tuple[list[int], list[float], int]:
         """The reply's tokens, when each reached the host, and the prompt's length (n positions a pass)."""

@@ -90,6 +90,8 @@ def bench_command(
     for target in targets:
         loaded, synthetic = _load(target)
         _check_fits(loaded.name, loaded.config.max_context, workloads)
+        if drafts > 1 and not synthetic:  # (before this model's runs)
+            benchmark.drafts_context(loaded, _drafts_prompts(), tokens or DRAFTS_TOKENS)
         for workload in workloads:
             err.print(f"{loaded.name}: {workload.context}-token context, {workload.generate} tokens x {workload.repetitions} runs ...")
             group = [benchmark.run_kog(loaded, device, workload, synthetic)]
@@ -102,10 +104,9 @@ def bench_command(
         if drafts > 1 and synthetic:
             err.print(f"{loaded.name}: random weights, so no drafts workload (its text decides what a draft holds)")
         elif drafts > 1:
-            from agent.workloads import PROMPTS
-
-            err.print(f"{loaded.name}: {len(PROMPTS)} replies, plain and with up to {drafts} positions a pass ...")
-            drafted.extend(benchmark.run_drafts(loaded, PROMPTS, drafts, tokens or DRAFTS_TOKENS, runs or (3 if quick else 5)))
+            prompts = _drafts_prompts()
+            err.print(f"{loaded.name}: {len(prompts)} replies, plain and with up to {drafts} positions a pass ...")
+            drafted.extend(benchmark.run_drafts(loaded, prompts, drafts, tokens or DRAFTS_TOKENS, runs or (3 if quick else 5)))
     report = {
         "machine": info | {"python": platform.python_version(), "versions": _versions()},
         "bandwidth_gb_s": bandwidth,
@@ -161,6 +162,12 @@ def _default_tokens(device: str, quick: bool) -> int:
     if device == "cuda":
         return 256
     return 64 if quick else 128
+
+
+def _drafts_prompts() -> dict[str, tuple[str | None, str]]:
+    from agent.workloads import PROMPTS  # (the agent's modules load only where --drafts asks for them)
+
+    return PROMPTS
 
 
 def _synthetic(target: str | None) -> bool:

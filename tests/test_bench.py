@@ -207,3 +207,15 @@ def test_the_drafts_table_sums_the_replies_that_kept_their_tokens(capsys, monkey
     assert "tokens differ" in row["tests"] and "3.00x" not in row["tests"]
     # all: 300 tokens after the first in 200/3000 + 100/3000 s plain, 200/6000 + 100/2500 s drafted (tests left out)
     assert "302" in row["all"] and "3,000.0" in row["all"] and "4,090.9" in row["all"] and "1.36x" in row["all"]
+
+
+def test_the_drafts_workload_must_fit_the_model_before_it_is_measured(default_gguf):
+    from agent.workloads import PROMPTS
+    from engine.api import load
+    from engine.benchmark import drafts_context
+    from engine.errors import KogError
+
+    model = load(None)
+    assert 600 < drafts_context(model, PROMPTS, 256) - 256 < 1024  # the agent's fix, with its system message
+    with pytest.raises(KogError, match="the drafts workload's longest prompt .* exceeds its 8192"):
+        drafts_context(model, PROMPTS, 8000)
