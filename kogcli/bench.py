@@ -70,13 +70,13 @@ def bench_command(
     from engine.registry import Registry
 
     registry = Registry()
-    for target in targets:  # fail on a bad name, a context too long, or a default model that cannot be pulled, before minutes of measuring
-        spec = registry.resolve(target).spec
+    specs = [registry.resolve(target).spec for target in targets]
+    for spec in specs:  # fail on a bad name, a context too long, or a default model that cannot be pulled, before minutes of measuring
         if spec is not None:
             _check_fits(spec.name, spec.context, workloads)
             if spec.default:
                 fetch(spec)  # pulled on first use (_load): now, not after the other models' runs
-    if drafts > 1 and all(_synthetic(target) for target in targets):
+    if drafts > 1 and all(map(_synthetic, specs)):
         raise KogError("--drafts decodes real replies, and none of these models is on disk: `kog pull NAME` first")
     info = hardware.describe(device)
     if device == "cpu":
@@ -170,11 +170,11 @@ def _drafts_prompts() -> dict[str, tuple[str | None, str]]:
     return PROMPTS
 
 
-def _synthetic(target: str | None) -> bool:
-    """Whether `_load` gives random weights: a registry model that is not on disk and not the default (pulled)."""
-    from engine.registry import Registry, installed
+def _synthetic(spec) -> bool:
+    """Whether `_load` gives random weights: a registry model (spec; None for a path) that is not on disk and not
+    the default (pulled)."""
+    from engine.registry import installed
 
-    spec = Registry().resolve(target).spec
     return spec is not None and not installed(spec) and not spec.default
 
 
@@ -185,9 +185,9 @@ def _load(target: str | None):
     from engine.registry import Registry
     from engine.synthetic import synthetic_model
 
-    if not _synthetic(target):
-        return load(target), False
     spec = Registry().resolve(target).spec
+    if not _synthetic(spec):
+        return load(target), False
     return synthetic_model(spec.name, spec.model_config(), seed=0), True
 
 
