@@ -42,6 +42,7 @@ def main() -> None:
     for name in args.models.split(","):
         lm = loaded_model(build_hf(name, 1, device="cuda"), name)
         backend = CudaBackend(lm, 1024, draft_positions=args.positions)
+        backend.switch_builds = False  # the drafts' build's own passes, every one of them
         if backend.pass_positions != args.positions:
             raise SystemExit(f"{name}: {args.positions} positions a pass do not fit this GPU's shared memory "
                              f"({backend.pass_positions} do)")

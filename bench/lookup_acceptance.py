@@ -14,8 +14,9 @@ quote the code); prose copies little: the prompts below hold both.
 
 For each prompt it prints the tokens a pass for each k, and for k = 4 the share of passes that had a draft
 and the share whose draft lost its first token (a pass that a plain decode would have run anyway).
-With --positions N (CUDA), each prompt is decoded again with N positions a pass (N - 1 drafts): its tokens
-must be the plain decode's, and both decode rates (the kernel's own token stamps) are printed side by side.
+With --positions N (CUDA), each prompt is decoded again with N positions a pass (N - 1 drafts), by the drafts'
+build throughout and switching builds (engine/drafts.py): the tokens must be the plain decode's, and the decode
+rates (the kernel's own token stamps) are printed side by side.
 """
 
 from __future__ import annotations
@@ -28,34 +29,22 @@ import numpy as np
 from agent.workloads import PROMPTS
 from engine.api import load
 from engine.backends import create_backend
+from engine.drafts import MIN_MATCH, NGRAM, ContextDrafts
 from engine.session import Session
 from engine.sampling import SamplingParams
 
-MIN_MATCH = 2  # the CUDA decode's rule (kernels/decode.cu DRAFT_MIN_MATCH)
 
-
-def draft(context: list[int], k: int, ngram: int, min_match: int = MIN_MATCH) -> list[int]:
-    """The k tokens that followed the latest earlier occurrence of the context's last n tokens (n from ngram
-    down to min_match), fewer where the context ends first; [] where no such suffix occurs earlier."""
-    for n in range(min(ngram, len(context) - 1), min_match - 1, -1):
-        tail = context[-n:]
-        for start in range(len(context) - n - 1, -1, -1):
-            if context[start : start + n] == tail:
-                return context[start + n : start + n + k]
-    return []
-
-
-def passes(prompt: list[int], generated: list[int], k: int, ngram: int, min_match: int = MIN_MATCH) -> tuple[int, int, int]:
+def passes(prompt: list[int], generated: list[int], k: int, ngram: int = NGRAM, min_match: int = MIN_MATCH) -> tuple[int, int, int]:
     """(passes, passes with a draft, passes whose draft's first token was wrong) to decode `generated`."""
-    context, done = list(prompt), 0
+    context, done = ContextDrafts(prompt, ngram, min_match), 0
     count = drafted = missed = 0
     while done < len(generated):
-        guess = draft(context, k, ngram, min_match)
+        guess = context.draft(k)
         kept = 0
         while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
             kept += 1
         step = min(kept + 1, len(generated) - done)  # the kept drafts and the pass's own token
-        context += generated[done : done + step]
+        context.extend(generated[done : done + step])
         done += step
         count, drafted, missed = count + 1, drafted + bool(guess), missed + (bool(guess) and kept == 0)
     return count, drafted, missed
@@ -73,7 +62,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--drafts", default="2,4,8")
-    parser.add_argument("--ngram", type=int, default=4)
+    parser.add_argument("--ngram", type=int, default=NGRAM)
     parser.add_argument("--positions", type=int, default=1, help="CUDA: also decode with this many positions a pass")
     parser.add_argument("--min-match", type=int, default=MIN_MATCH, help="a draft needs this many of the last tokens matched")
     parser.add_argument("--define", action="append", default=[], metavar="KOG_X=N",
@@ -102,16 +91,20 @@ def main() -> None:
         generated = [event.id for event in session.send(text, SamplingParams(), max_tokens=args.tokens)]
         if args.positions > 1:
             plain = decode_rate(backend)
-            backend.truncate(0)
             backend.draft_positions = args.positions
             positions = backend.pass_positions  # (fewer where that many do not fit the GPU's shared memory)
-            drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
+            timed = [plain]
+            for switching in (False, True):  # the drafts' build throughout, then in stretches with the plain build
+                backend.truncate(0)
+                backend.switch_builds = switching
+                drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
+                timed.append(decode_rate(backend))
+                print(f"{name:8s} CUDA decode, {positions} positions a pass{', switching builds' if switching else ''}: "
+                      f"{timed[-1]:7.1f} tok/s ({timed[-1] / plain:.2f}x plain's {plain:.1f}), "
+                      f"{backend.last_status['passes']} passes, {backend.last_status['launches']} launches, "
+                      f"tokens {'identical' if drafted == generated else 'DIFFERENT'}")
             backend.draft_positions = 1
-            same = drafted == generated
-            rates.append((plain, decode_rate(backend)))
-            print(f"{name:8s} CUDA decode: plain {plain:7.1f} tok/s, {positions} positions a pass "
-                  f"{rates[-1][1]:7.1f} tok/s ({rates[-1][1] / plain:.2f}x), {backend.last_status['passes']} passes, "
-                  f"tokens {'identical' if same else 'DIFFERENT'}")
+            rates.append(timed)
         row = []
         for k in ks:
             count, drafted, missed = passes(prompt, generated, k, args.ngram, args.min_match)
@@ -125,7 +118,9 @@ def main() -> None:
     print("all: tokens a pass " + ", ".join(f"k={k} {t / c:.2f}" for k, (t, c) in totals.items()))
     if rates:
         print(f"CUDA decode, {args.positions} positions a pass against plain: "
-              + ", ".join(f"{d / p:.2f}x" for p, d in rates))
+              + ", ".join(f"{d / p:.2f}x" for p, d, _ in rates))
+        print(f"CUDA decode, {args.positions} positions a pass switching builds against plain: "
+              + ", ".join(f"{s / p:.2f}x" for p, _, s in rates))
 
 
 if __name__ == "__main__":

@@ -277,16 +277,19 @@ def test_greedy_matches_cpu_reference(model):
 DRAFT_POSITIONS = 5  # a drafted pass: the chosen token and four drafts
 
 
-def _decode_with_drafts(gpu: CudaBackend, positions: int, prompt: list[int], n: int, stops: set[int]):
-    """A greedy decode from a fresh prefill of `prompt`, up to `positions` positions a pass: (tokens, status,
-    cached, the positions a pass it ran)."""
-    gpu.draft_positions = positions
+def _decode_with_drafts(gpu: CudaBackend, positions: int, prompt: list[int], n: int, stops: set[int],
+                        switch: bool = False):
+    """A greedy decode from a fresh prefill of `prompt`, up to `positions` positions a pass, by the drafts' build
+    throughout (its own passes counted) or switching builds (`switch`): (tokens, status, cached, the positions a
+    pass it ran)."""
+    switch_default = gpu.switch_builds
+    gpu.draft_positions, gpu.switch_builds = positions, switch
     try:
         _fresh(gpu, prompt)
         toks = list(gpu.decode(GREEDY, prompt, n, stops))
         ran = gpu.pass_positions
     finally:
-        gpu.draft_positions = 1
+        gpu.draft_positions, gpu.switch_builds = 1, switch_default
     assert gpu.last_status["error"] == 0
     return toks, gpu.last_status, gpu.cached_tokens, ran
 
@@ -323,6 +326,38 @@ def test_drafts_keep_the_plain_tokens(model):
     stop = plain[N_GEN // 2]  # (the repeated prompt's tokens)
     first = plain.index(stop)
     toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, half + half, N_GEN, {stop})
+    assert toks == plain[: first + 1] and st["reason"] == 1
+    assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
+
+
+def test_switching_builds_keeps_the_plain_tokens(model, monkeypatch):
+    """A drafted decode that switches between the plain build and the drafts' build mid-reply yields the plain
+    decode's tokens and cache: with a rule that switches after every token or pass (dozens of launches, each going
+    on from the token the last one stopped at), then with the product's rule and a stop id met on the way."""
+    from engine import drafts
+
+    gpu, lm, hf = model["gpu"], model["lm"], model["hf"]
+    half = random_prompt(lm.config.vocab_size, PROMPT // 2, model["rng"])
+    prompt = half + half
+    plain, _, cached_plain, _ = _decode_with_drafts(gpu, 1, prompt, N_GEN, set())
+    with monkeypatch.context() as eager:
+        eager.setattr(drafts, "COPY_MATCH", 0)
+        eager.setattr(drafts, "DRY_PASSES", 0)
+        toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, set(), switch=True)
+    print(f"  switching after every token or pass: {len(toks)} tokens, {st['launches']} launches, {st['passes']} passes; "
+          f"cached {cached} vs plain {cached_plain}")
+    assert st["launches"] > 8 and st["tokens"] == len(toks) == len(gpu.token_times_ns)
+    same = next((i for i, (a, b) in enumerate(zip(toks, plain)) if a != b), None)
+    if same is None:
+        assert len(toks) == len(plain) == N_GEN and cached == cached_plain and st["reason"] == 2
+    else:  # accepted only at a near-tie (fp32 summation order: a drafted pass's attention units may differ)
+        row = _hf_logits(hf, prompt + toks[:same], len(prompt) + same - 1)[0]
+        margin = abs(float(row[toks[same]] - row[plain[same]]))
+        assert margin <= TIE * float(row.std()), f"switching builds parted from the plain decode at {same}"
+    stop = plain[N_GEN // 2]
+    first = plain.index(stop)
+    toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, {stop}, switch=True)
+    print(f"  the product's rule, stop id at {first}: {st['launches']} launches, {st['passes']} passes")
     assert toks == plain[: first + 1] and st["reason"] == 1
     assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
 

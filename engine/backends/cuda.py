@@ -24,6 +24,7 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,7 @@ from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
 from engine.backends.token_wait import follow
+from engine.drafts import BuildSwitch, ContextDrafts
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
 from engine.sampling import SamplingParams
@@ -54,6 +56,7 @@ _PTR_FIELDS = (
 _INT_FIELDS = "start_pos max_tokens ctx_limit n_stop greedy top_k seed timeout_ns debug use_penalty".split()
 _FLOAT_FIELDS = "temperature top_p min_p penalty".split()
 _ERRORS = {1: "watchdog timeout", 2: "aborted after another block failed", 3: "bad launch shape"}
+_R_CANCEL = 4  # a launch's stop reason: the host's cancel flag (kernels: R_CANCEL)
 
 
 @dataclass
@@ -288,6 +291,10 @@ class CudaBackend(Backend):
         self.last_logits: np.ndarray | None = None
         self.last_status: dict = {}
         self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
+        # a drafted decode runs the plain build where the text copies nothing (decode); False: the drafts' build
+        # throughout (off until the switching decode is checked on a GPU: PERF.md session 72)
+        self.switch_builds = False
+        self._last_context: ContextDrafts | None = None  # the last drafted decode's index of its context
 
     # ---- load ---------------------------------------------------------------------------
     @staticmethod
@@ -585,8 +592,14 @@ class CudaBackend(Backend):
         debug: str = "",
         watchdog_s: float = WATCHDOG_S,
     ) -> Iterator[int]:
-        """See Backend.decode. `debug` ("hang", "fault") and `watchdog_s` exist for the tests only."""
-        cp, c = self.cp, self.config
+        """See Backend.decode. `debug` ("hang", "fault") and `watchdog_s` exist for the tests only.
+
+        A drafted decode (`draft_positions` > 1, greedy, no penalty) runs in stretches where `switch_builds`:
+        the plain build where the text copies nothing, the drafts' build where it copies its context
+        (engine/drafts.py says when to switch). A switch cancels the running kernel, which stops after the pass
+        it is in, and launches the other build from the token it stopped at: that launch's logits hold that
+        token alone, so its first step picks it again (not yielded twice) and feeds it."""
+        c = self.config
         self._check_alive()
         if max_tokens < 1 or self._cancel.is_set():
             return
@@ -598,10 +611,7 @@ class CudaBackend(Backend):
             raise KogError(f"at most {self.stop_ids.size} stop ids are supported, got {len(stops)}")
         use_penalty = params.repetition_penalty != 1.0 and len(history) > 0
         drafts = self._drafts_kernel() if self.draft_positions > 1 and params.greedy and not use_penalty else None
-        drafted = drafts is not None
-        kernel = drafts if drafted else self._main
-        start = self.cached_tokens
-        if drafted and len(history) < start:
+        if drafts is not None and len(history) < self.cached_tokens:
             raise KogError("drafts need every cached token of the context in `history`")
         with self._lock, self.device, self.stream:
             if stops:
@@ -612,11 +622,70 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
-            if drafted and start:
-                self.context_ids[:start].set(np.asarray(history[:start], dtype=np.int32), stream=self.stream)
+        launch = dict(params=params, n_stop=len(stops), use_penalty=use_penalty, debug=debug, watchdog_s=watchdog_s)
+        self.last_status, self.token_times_ns = {}, np.zeros(0, np.uint64)
+        if drafts is None:
+            yield from self._launch(self._main, max_tokens, set(stops), **launch)
+        elif not self.switch_builds:
+            yield from self._launch(drafts, max_tokens, set(stops), context=history, **launch)
+        else:
+            yield from self._stretches(drafts, max_tokens, set(stops), history, launch)
+
+    def _stretches(self, drafts: _DecodeKernel, max_tokens: int, stops: set[int], history: list[int],
+                   launch: dict) -> Iterator[int]:
+        """A drafted decode in stretches of the plain build and the drafts' build (see decode)."""
+        context = self._context_drafts(history[: self.cached_tokens])  # (before the first launch: the decode's host time)
+        switch = BuildSwitch(context, drafts.info["positions"])
+        switch.start(drafting=False)
+        kernel, emitted, repeat = self._main, 0, None
+        while True:
+            leaving = False
+            with closing(self._launch(kernel, max_tokens - emitted + (repeat is not None), stops, repeat=repeat,
+                                      context=context.tokens if kernel is drafts else None, **launch)) as tokens:
+                for token in tokens:
+                    emitted += 1
+                    yield token
+                    if switch.seen(token) and not leaving:  # (every token: the index holds the whole context)
+                        leaving = True
+                        self.h_cancel[0] = 1  # the kernel stops after the pass it is in
+            if not leaving or self.last_status["reason"] != _R_CANCEL or self._cancel.is_set():
+                return
+            kernel = self._main if kernel is drafts else drafts
+            repeat = context.tokens[-1]  # the token the last launch stopped at, not yet fed
+            self._pick_next(repeat)
+            switch.start(drafting=kernel is drafts)
+
+    def _context_drafts(self, context: list[int]) -> ContextDrafts:
+        """The draft index of `context`: the last decode's, extended, where `context` continues its context (an
+        agent's next step), else a new one."""
+        last = self._last_context
+        if last is None or len(last.tokens) > len(context) or last.tokens != context[: len(last.tokens)]:
+            last = ContextDrafts()
+        last.extend(context[len(last.tokens) :])
+        self._last_context = last
+        return last
+
+    def _pick_next(self, token: int) -> None:
+        """Logits that make a launch's first step pick `token` (every other logit -inf)."""
+        with self.device, self.stream:
+            self.logits.fill(-np.inf)
+            self.logits[token : token + 1].fill(0.0)
+
+    def _launch(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], *, params: SamplingParams, n_stop: int,
+                use_penalty: bool, debug: str, watchdog_s: float, context: list[int] | None = None,
+                repeat: int | None = None) -> Iterator[int]:
+        """One launch of `kernel` from the logits in place (stop ids and penalty bits uploaded): yields its tokens,
+        then adds its status and token times to last_status and token_times_ns. `context`: the drafts' build's
+        context, whose cached tokens its draft search reads. `repeat`: the token the launch's first step picks
+        again (_pick_next), not yielded."""
+        cp = self.cp
+        start = self.cached_tokens
+        with self._lock, self.device, self.stream:
+            if context is not None and start:
+                self.context_ids[:start].set(np.asarray(context[:start], dtype=np.int32), stream=self.stream)
             for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, kernel.hop.arena):
                 a.fill(0)
-            self._fill_params(kernel, params, max_tokens, len(stops), use_penalty, debug, watchdog_s)
+            self._fill_params(kernel, params, max_tokens, n_stop, use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
             try:
@@ -628,7 +697,10 @@ class CudaBackend(Backend):
         finished = False
         try:
             # follow returns once the kernel has ended or is ending: the synchronize below waits for it
-            yield from follow(self.h_tokens, max_tokens, stop_ids, lambda: self._kernel_ended(done), self._pass_cancel)
+            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel)
+            if repeat is not None and next(tokens, repeat) != repeat:
+                raise KogError("the decode kernel did not go on from the token its launch was given")
+            yield from tokens
             finished = True
         finally:
             if not finished:
@@ -638,26 +710,35 @@ class CudaBackend(Backend):
                 st = self.status.get()
             except cp.cuda.runtime.CUDARuntimeError as e:
                 raise self._fault(e) from None
-            self.last_status = {
-                "error": int(st[0]), "tokens": int(st[1]), "fed": int(st[2]), "reason": int(st[3]),
-                "approx": int(st[4]), "where": int(st[5]), "block": int(st[6]), "passes": int(st[7]),
-            }
-            self.decode_passes = int(st[7])
+            self._add_status(st, repeat is not None)
             if st[0]:
                 self.cached_tokens = start
                 self.logits_valid = False
             else:
                 self.cached_tokens = start + int(st[2])
-                self.token_times_ns = self.tok_time[: int(st[1])].get()
+                times = self.tok_time[int(repeat is not None) : int(st[1])].get()
+                self.token_times_ns = np.concatenate([self.token_times_ns, times])
                 # a screened LM head or a drafted pass leaves no logits behind: the next decode starts from a prefill
                 screened = self.kernel_info["lm_screen"] and params.greedy and not use_penalty
-                self.logits_valid = not (screened or drafted)
+                self.logits_valid = not (screened or kernel.info["positions"] > 1)
         if st[0]:
             what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
             raise KogError(
                 f"GPU decode stopped: {what} (block {int(st[6])}, phase {int(st[5])}, "
                 f"limit {watchdog_s:g} s); the device is free again"
             )
+
+    def _add_status(self, st: np.ndarray, repeat: bool) -> None:
+        """last_status over a decode's launches: the last one's error, reason and place; tokens (each once),
+        positions fed and passes added up."""
+        before = self.last_status
+        self.last_status = {
+            "error": int(st[0]), "tokens": before.get("tokens", 0) + int(st[1]) - int(repeat),
+            "fed": before.get("fed", 0) + int(st[2]), "reason": int(st[3]), "approx": int(st[4]),
+            "where": int(st[5]), "block": int(st[6]), "passes": before.get("passes", 0) + int(st[7]),
+            "launches": before.get("launches", 0) + 1,
+        }
+        self.decode_passes = self.last_status["passes"]
 
     def poison(self) -> None:
         """Tests: NaN-fill every scratch buffer and the cache past `cached_tokens`, so that
