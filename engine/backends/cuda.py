@@ -638,16 +638,20 @@ class CudaBackend(Backend):
         switch = BuildSwitch(context, drafts.info["positions"])
         switch.start(drafting=False)
         kernel, emitted, repeat = self._main, 0, None
+        on_device = 0  # the context's tokens in context_ids: uploaded, or written by a launch of the drafts' build
         while True:
             leaving = False
             with closing(self._launch(kernel, max_tokens - emitted + (repeat is not None), stops, repeat=repeat,
-                                      context=context.tokens if kernel is drafts else None, **launch)) as tokens:
+                                      context=context.tokens if kernel is drafts else None, context_from=on_device,
+                                      **launch)) as tokens:
                 for token in tokens:
                     emitted += 1
                     yield token
                     if switch.seen(token) and not leaving:  # (every token: the index holds the whole context)
                         leaving = True
                         self.h_cancel[0] = 1  # the kernel stops after the pass it is in
+            if kernel is drafts:
+                on_device = len(context.tokens)
             if not leaving or self.last_status["reason"] != _R_CANCEL or self._cancel.is_set():
                 return
             kernel = self._main if kernel is drafts else drafts
@@ -673,16 +677,17 @@ class CudaBackend(Backend):
 
     def _launch(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], *, params: SamplingParams, n_stop: int,
                 use_penalty: bool, debug: str, watchdog_s: float, context: list[int] | None = None,
-                repeat: int | None = None) -> Iterator[int]:
+                context_from: int = 0, repeat: int | None = None) -> Iterator[int]:
         """One launch of `kernel` from the logits in place (stop ids and penalty bits uploaded): yields its tokens,
         then adds its status and token times to last_status and token_times_ns. `context`: the drafts' build's
-        context, whose cached tokens its draft search reads. `repeat`: the token the launch's first step picks
-        again (_pick_next), not yielded."""
+        context, whose cached tokens its draft search reads (those from `context_from` on are uploaded: the GPU
+        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded."""
         cp = self.cp
         start = self.cached_tokens
         with self._lock, self.device, self.stream:
-            if context is not None and start:
-                self.context_ids[:start].set(np.asarray(context[:start], dtype=np.int32), stream=self.stream)
+            if context is not None and context_from < start:
+                tail = np.asarray(context[context_from:start], dtype=np.int32)
+                self.context_ids[context_from:start].set(tail, stream=self.stream)
             for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, kernel.hop.arena):
                 a.fill(0)
             self._fill_params(kernel, params, max_tokens, n_stop, use_penalty, debug, watchdog_s)
