@@ -36,7 +36,7 @@ from engine.backends import DRAFT_POSITIONS_MAX, check_drafts
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
-from engine.backends.token_wait import follow
+from engine.backends.token_wait import TokenWait, follow
 from engine.drafts import BuildSwitch, ContextDrafts
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -480,15 +480,19 @@ class CudaBackend(Backend):
         f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
         self.hop = self._main.hop
         self.logits = f32(V)
+        self._no_logits = cp.full(V, -np.inf, dtype=cp.float32)  # (_pick_next)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
-        self.hist_cnt = cp.zeros(NBINS, dtype=cp.uint32)
-        self.hist_mass = cp.zeros(NBINS, dtype=cp.uint64)
+        # the words a launch starts from zero, in one allocation (one memset a launch: a drafted decode relaunches
+        # at every switch of builds): the blocks' flags, status, control words and the sampler's histograms
+        words = {"flags": (np.uint32, self.kernel_info["flags"]), "status": (np.int32, 8), "ctl": (np.int32, 4),
+                 "hist_cnt": (np.uint32, NBINS), "hist_mass": (np.uint64, NBINS)}
+        ends = np.cumsum([0] + [(n * np.dtype(t).itemsize + 15) // 16 * 16 for t, n in words.values()])
+        self._launch_words = cp.zeros(int(ends[-1]), dtype=cp.uint8)
+        for (name, (dtype, n)), at in zip(words.items(), ends):
+            setattr(self, name, self._launch_words[at : at + n * np.dtype(dtype).itemsize].view(dtype))
         self.slot_val = f32(DRAFT_POSITIONS_MAX * self.nblk)  # a block's best row, a slot a position of a pass
         self.slot_idx = cp.zeros(DRAFT_POSITIONS_MAX * self.nblk, dtype=cp.int32)
-        self.flags = cp.zeros(self.kernel_info["flags"], dtype=cp.uint32)
-        self.ctl = cp.zeros(4, dtype=cp.int32)
-        self.status = cp.zeros(8, dtype=cp.int32)
         self.rep_bits = cp.zeros((V + 31) // 32, dtype=cp.uint32)
         self.stop_ids = cp.zeros(self.kernel_info["max_stop"], dtype=cp.int32)
         cap = self.max_context + 1
@@ -640,16 +644,17 @@ class CudaBackend(Backend):
         kernel, emitted, repeat = self._main, 0, None
         on_device = 0  # the context's tokens in context_ids: uploaded, or written by a launch of the drafts' build
         while True:
-            leaving = False
+            leaving, wait = False, TokenWait()
             with closing(self._launch(kernel, max_tokens - emitted + (repeat is not None), stops, repeat=repeat,
                                       context=context.tokens if kernel is drafts else None, context_from=on_device,
-                                      **launch)) as tokens:
+                                      wait=wait, **launch)) as tokens:
                 for token in tokens:
                     emitted += 1
                     yield token
                     if switch.seen(token) and not leaving:  # (every token: the index holds the whole context)
                         leaving = True
                         self.h_cancel[0] = 1  # the kernel stops after the pass it is in
+                        wait.hurry()
             if kernel is drafts:
                 on_device = len(context.tokens)
             if not leaving or self.last_status["reason"] != _R_CANCEL or self._cancel.is_set():
@@ -670,26 +675,29 @@ class CudaBackend(Backend):
         return last
 
     def _pick_next(self, token: int) -> None:
-        """Logits that make a launch's first step pick `token` (every other logit -inf)."""
-        with self.device, self.stream:
-            self.logits.fill(-np.inf)
-            self.logits[token : token + 1].fill(0.0)
+        """Logits that make a launch's first step pick `token` (every other logit -inf; 0.0 is four zero bytes)."""
+        rt = self.cp.cuda.runtime
+        with self.device:
+            rt.memcpyAsync(self.logits.data.ptr, self._no_logits.data.ptr, self.logits.nbytes, rt.memcpyDeviceToDevice,
+                           self.stream.ptr)
+            rt.memsetAsync(self.logits.data.ptr + 4 * token, 0, 4, self.stream.ptr)
 
     def _launch(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], *, params: SamplingParams, n_stop: int,
                 use_penalty: bool, debug: str, watchdog_s: float, context: list[int] | None = None,
-                context_from: int = 0, repeat: int | None = None) -> Iterator[int]:
+                context_from: int = 0, repeat: int | None = None, wait: TokenWait | None = None) -> Iterator[int]:
         """One launch of `kernel` from the logits in place (stop ids and penalty bits uploaded): yields its tokens,
         then adds its status and token times to last_status and token_times_ns. `context`: the drafts' build's
         context, whose cached tokens its draft search reads (those from `context_from` on are uploaded: the GPU
-        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded."""
+        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded. `wait`:
+        how the host waits for its tokens (token_wait.TokenWait)."""
         cp = self.cp
         start = self.cached_tokens
         with self._lock, self.device, self.stream:
             if context is not None and context_from < start:
                 tail = np.asarray(context[context_from:start], dtype=np.int32)
                 self.context_ids[context_from:start].set(tail, stream=self.stream)
-            for a in (self.flags, self.status, self.ctl, self.hist_cnt, self.hist_mass, kernel.hop.arena):
-                a.fill(0)
+            for words in (self._launch_words, kernel.hop.arena):
+                cp.cuda.runtime.memsetAsync(words.data.ptr, 0, words.nbytes, self.stream.ptr)
             self._fill_params(kernel, params, max_tokens, n_stop, use_penalty, debug, watchdog_s)
             self.h_cancel[0] = 0
             self.h_tokens[:max_tokens] = -1
@@ -702,7 +710,7 @@ class CudaBackend(Backend):
         finished = False
         try:
             # follow returns once the kernel has ended or is ending: the synchronize below waits for it
-            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel)
+            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel, wait)
             if repeat is not None and next(tokens, repeat) != repeat:
                 raise KogError("the decode kernel did not go on from the token its launch was given")
             yield from tokens
