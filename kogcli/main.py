@@ -95,7 +95,7 @@ def generate_command(
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
     as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
-    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, text that repeats its context (code edits, tests) comes faster, other text slower. 1 = off."),
+    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off."),
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
     from engine.api import check_context, context_cap_note, drafts_note, load, open_session

@@ -42,7 +42,8 @@ def test_the_index_drafts_what_a_scan_of_the_context_finds(ngram, min_match):
             assert index.draft(k) == scanned_draft(text[: i + 1], k, ngram, min_match), f"at {i}, k={k}"
 
 
-def test_the_plain_build_hands_over_where_the_last_tokens_occurred_before():
+def test_the_plain_build_hands_over_where_the_last_tokens_occurred_before(monkeypatch):
+    monkeypatch.setattr(drafts, "COPY_MATCH", 3)
     switch = BuildSwitch(ContextDrafts([10, 11, 12, 13, 14, 20]), positions=5)
     switch.start(drafting=False)
     assert not switch.seen(11), "20 11: never before"

@@ -38,14 +38,6 @@ def test_yields_around_the_due_time_and_sleeps_before_it():
     assert wait.pause(last + 2.5e-3) == 50e-6
 
 
-def test_a_hurried_wait_only_yields():
-    wait = TokenWait(sleep_s=50e-6, early_s=250e-6, late_s=1e-3)
-    wait.hurry()
-    assert wait.pause(1.0) == 0.0, "before any token"
-    last = steady(wait, 1e-3, 10)
-    assert [wait.pause(last + dt) for dt in (10e-6, 800e-6, 2.5e-3)] == [0.0] * 3, "before, at and long after due"
-
-
 def test_sleep_is_bounded_for_slow_cadences():
     wait = TokenWait(sleep_s=50e-6)
     last = steady(wait, 0.1, 5)  # 10 tok/s

@@ -36,7 +36,7 @@ from engine.backends import DRAFT_POSITIONS_MAX, check_drafts
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
-from engine.backends.token_wait import TokenWait, follow
+from engine.backends.token_wait import follow
 from engine.drafts import BuildSwitch, ContextDrafts
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -292,8 +292,8 @@ class CudaBackend(Backend):
         self.last_status: dict = {}
         self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
         # a drafted decode runs the plain build where the text copies nothing (decode); False: the drafts' build
-        # throughout (off until the switching decode is checked on a GPU: PERF.md session 72)
-        self.switch_builds = False
+        # throughout (bench/ comparisons)
+        self.switch_builds = True
         self._last_context: ContextDrafts | None = None  # the last drafted decode's index of its context
 
     # ---- load ---------------------------------------------------------------------------
@@ -644,17 +644,16 @@ class CudaBackend(Backend):
         kernel, emitted, repeat = self._main, 0, None
         on_device = 0  # the context's tokens in context_ids: uploaded, or written by a launch of the drafts' build
         while True:
-            leaving, wait = False, TokenWait()
+            leaving = False
             with closing(self._launch(kernel, max_tokens - emitted + (repeat is not None), stops, repeat=repeat,
                                       context=context.tokens if kernel is drafts else None, context_from=on_device,
-                                      wait=wait, **launch)) as tokens:
+                                      **launch)) as tokens:
                 for token in tokens:
                     emitted += 1
                     yield token
                     if switch.seen(token) and not leaving:  # (every token: the index holds the whole context)
                         leaving = True
                         self.h_cancel[0] = 1  # the kernel stops after the pass it is in
-                        wait.hurry()
             if kernel is drafts:
                 on_device = len(context.tokens)
             if not leaving or self.last_status["reason"] != _R_CANCEL or self._cancel.is_set():
@@ -684,12 +683,11 @@ class CudaBackend(Backend):
 
     def _launch(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], *, params: SamplingParams, n_stop: int,
                 use_penalty: bool, debug: str, watchdog_s: float, context: list[int] | None = None,
-                context_from: int = 0, repeat: int | None = None, wait: TokenWait | None = None) -> Iterator[int]:
+                context_from: int = 0, repeat: int | None = None) -> Iterator[int]:
         """One launch of `kernel` from the logits in place (stop ids and penalty bits uploaded): yields its tokens,
         then adds its status and token times to last_status and token_times_ns. `context`: the drafts' build's
         context, whose cached tokens its draft search reads (those from `context_from` on are uploaded: the GPU
-        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded. `wait`:
-        how the host waits for its tokens (token_wait.TokenWait)."""
+        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded."""
         cp = self.cp
         start = self.cached_tokens
         with self._lock, self.device, self.stream:
@@ -710,7 +708,7 @@ class CudaBackend(Backend):
         finished = False
         try:
             # follow returns once the kernel has ended or is ending: the synchronize below waits for it
-            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel, wait)
+            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel)
             if repeat is not None and next(tokens, repeat) != repeat:
                 raise KogError("the decode kernel did not go on from the token its launch was given")
             yield from tokens

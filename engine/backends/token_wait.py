@@ -33,7 +33,6 @@ class TokenWait:
         self.longest_s = 5e-3  # the longest single sleep (how late a cancel or the end is seen)
         self.last: float | None = None  # when tokens were last taken
         self.gap: float | None = None  # running gap between tokens
-        self.hurried = False  # (hurry)
 
     def seen(self, now: float, count: int) -> None:
         """`count` new tokens were found at `now` (perf_counter seconds)."""
@@ -44,15 +43,8 @@ class TokenWait:
             self.gap = gap if self.gap is None else self.gap + self.smoothing * (gap - self.gap)
         self.last = now
 
-    def hurry(self) -> None:
-        """From now on only yield: the host has cancelled the kernel to launch another at once (a drafted decode
-        switching builds), and a sleep past the kernel's end would be time between the two."""
-        self.hurried = True
-
     def pause(self, now: float) -> float:
         """Seconds to sleep before the next look: 0 means only yield."""
-        if self.hurried:
-            return 0.0
         if self.last is None or self.gap is None:
             return self.sleep_s
         due = self.last + self.gap
