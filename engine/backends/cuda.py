@@ -628,12 +628,13 @@ class CudaBackend(Backend):
                 self.rep_bits.set(bits, stream=self.stream)
         launch = dict(params=params, n_stop=len(stops), use_penalty=use_penalty, debug=debug, watchdog_s=watchdog_s)
         self.last_status, self.token_times_ns = {}, np.zeros(0, np.uint64)
+        stop_set = set(stops)
         if drafts is None:
-            yield from self._launch(self._main, max_tokens, set(stops), **launch)
+            yield from self._launch(self._main, max_tokens, stop_set, **launch)
         elif not self.switch_builds:
-            yield from self._launch(drafts, max_tokens, set(stops), context=history, **launch)
+            yield from self._launch(drafts, max_tokens, stop_set, context=history, **launch)
         else:
-            yield from self._stretches(drafts, max_tokens, set(stops), history, launch)
+            yield from self._stretches(drafts, max_tokens, stop_set, history, launch)
 
     def _stretches(self, drafts: _DecodeKernel, max_tokens: int, stops: set[int], history: list[int],
                    launch: dict) -> Iterator[int]:
