@@ -687,9 +687,9 @@ class CudaBackend(Backend):
     def _launches(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], launch: dict, *,
                   switch: BuildSwitch | None = None, other: _DecodeKernel | None = None) -> Iterator[int]:
         """A decode's tokens: from one launch of `kernel`, or (`switch`) from launches that alternate between `kernel`
-        and `other` as `switch` decides. A switch sets the running launch's cancel word and queues the other build
-        behind it with the hand-over kernel between them (_enqueue): the host reads how the first ended while the
-        second already runs."""
+        and `other` as `switch` decides. A switch queues the other build behind the running launch, with the
+        hand-over kernel between them (_enqueue), and sets the running launch's cancel word: the host reads how the
+        first ended while the second already runs."""
         wait = TokenWait()  # (one cadence over the launches)
         emitted = 0
         run = self._enqueue(kernel, max_tokens, launch)
@@ -706,9 +706,10 @@ class CudaBackend(Backend):
                     emitted += 1
                     yield token
                     if switch is not None and switch.seen(token) and queued is None:  # (seen: every token)
-                        run.slot.h_cancel[0] = 1  # the kernel stops after the pass it is in
+                        # queued before the cancel: the GPU does not wait for the host's enqueue
                         queued = self._enqueue(other if run.kernel is kernel else kernel, max_tokens - emitted + 1,
                                                launch, after=run)
+                        run.slot.h_cancel[0] = 1  # the kernel stops after the pass it is in
                 st = self._finish(run)
                 run.done = None
                 if st[0]:
