@@ -330,6 +330,7 @@ class CudaBackend(Backend):
         self.last_logits: np.ndarray | None = None
         self.last_status: dict = {}
         self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
+        self.switch_gaps_ns: list[int] = []  # a drafted decode's switches: the GPU's time lost to each (_finish)
         # a drafted decode runs the plain build where the text copies nothing (decode); False: the drafts' build
         # throughout (bench/ comparisons)
         self.switch_builds = True
