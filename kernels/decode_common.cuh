@@ -2,6 +2,7 @@
 // weight layout, the parameter block, the shared-memory plan and the per-block context.
 #pragma once
 #include "portability.cuh"
+#include "decode_status.cuh"
 
 #ifndef KOG_EXP  // timing experiments only (bench/decode_breakdown.py): 1 no attention math, 2 no weight
 #define KOG_EXP 0  // loads, 3 weights without the L2 evict-first hint, 4 no waits between blocks (garbage
@@ -380,10 +381,7 @@ constexpr int CAP = 8192;    // candidates sorted at once
 constexpr int VPAD = (VOCAB + 7) / 8 * 8;
 constexpr float FIX = 1099511627776.0f;  // 2^40: probabilities as exact-sum fixed point
 
-// ---- status words ------------------------------------------------------------------------
-enum { ST_ERROR = 0, ST_OUT = 1, ST_FED = 2, ST_REASON = 3, ST_APPROX = 4, ST_WHERE = 5, ST_BLOCK = 6, ST_PASSES = 7 };
-enum { ERR_TIMEOUT = 1, ERR_BAD_ARGS = 3 };
-enum { R_STOP = 1, R_LENGTH = 2, R_CONTEXT = 3, R_CANCEL = 4 };
+// ---- status words (decode_status.cuh) and the tests' knobs --------------------------------
 enum { DEBUG_HANG = 1, DEBUG_FAULT = 2 };  // the tests' failure knobs (Params::debug)
 
 struct KParams {  // every field 8 bytes; cuda.py builds it as a uint64 array in this order

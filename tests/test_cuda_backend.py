@@ -344,6 +344,7 @@ def test_switching_builds_keeps_the_plain_tokens(model, monkeypatch):
         eager.setattr(drafts, "COPY_MATCH", 0)
         eager.setattr(drafts, "DRY_PASSES", 0)
         toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, set(), switch=True)
+    eager_toks = toks
     print(f"  switching after every token or pass: {len(toks)} tokens, {st['launches']} launches, {st['passes']} passes; "
           f"cached {cached} vs plain {cached_plain}")
     assert st["launches"] > 8 and st["tokens"] == len(toks) == len(gpu.token_times_ns)
@@ -354,12 +355,36 @@ def test_switching_builds_keeps_the_plain_tokens(model, monkeypatch):
         row = _hf_logits(hf, prompt + toks[:same], len(prompt) + same - 1)[0]
         margin = abs(float(row[toks[same]] - row[plain[same]]))
         assert margin <= TIE * float(row.std()), f"switching builds parted from the plain decode at {same}"
-    stop = plain[N_GEN // 2]
-    first = plain.index(stop)
-    toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, {stop}, switch=True)
-    print(f"  the product's rule, stop id at {first}: {st['launches']} launches, {st['passes']} passes")
-    assert toks == plain[: first + 1] and st["reason"] == 1
-    assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
+    with monkeypatch.context() as eager:  # a cancel, then a consumer that stops, each with a launch queued
+        eager.setattr(drafts, "COPY_MATCH", 0)
+        eager.setattr(drafts, "DRY_PASSES", 0)
+        eager.setattr(gpu, "draft_positions", DRAFT_POSITIONS)
+        eager.setattr(gpu, "switch_builds", True)
+        _fresh(gpu, prompt)
+        got = []
+        for t in gpu.decode(GREEDY, prompt, N_GEN, set()):
+            got.append(t)
+            if len(got) == 10:
+                gpu.cancel()
+        st = gpu.last_status
+        assert st["error"] == 0 and st["reason"] == 4 and 10 <= len(got) < N_GEN and got == eager_toks[: len(got)]
+        assert gpu.cached_tokens == PROMPT + st["fed"]
+        _fresh(gpu, prompt)
+        stream = gpu.decode(GREEDY, prompt, N_GEN, set())
+        got = [next(stream) for _ in range(10)]
+        stream.close()
+        assert got == eager_toks[:10] and gpu.last_status["error"] == 0
+    rules = {"eager": (0, 0, eager_toks), "the product's": (drafts.COPY_MATCH, drafts.DRY_PASSES, plain)}
+    for rule, (copy_match, dry_passes, ref) in rules.items():  # (ref: the same rule's tokens, near-ties and all)
+        stop = ref[N_GEN // 2]
+        first = ref.index(stop)
+        with monkeypatch.context() as chosen:  # (eager: the stop id ends a launch with the next one queued behind it)
+            chosen.setattr(drafts, "COPY_MATCH", copy_match)
+            chosen.setattr(drafts, "DRY_PASSES", dry_passes)
+            toks, st, cached, _ = _decode_with_drafts(gpu, DRAFT_POSITIONS, prompt, N_GEN, {stop}, switch=True)
+        print(f"  {rule} rule, stop id at {first}: {st['launches']} launches, {st['passes']} passes")
+        assert toks == ref[: first + 1] and st["reason"] == 1
+        assert cached == PROMPT + first, "every token before the stop id is in the cache, the stop id not"
 
 
 def test_drafts_take_the_positions_that_fit(model):

@@ -11,7 +11,9 @@ tensor-core products of split-bf16 terms and fused kernels: the CPU reference's 
 fp32 rounding; it writes the KV cache.
 `decode` launches ONE cooperative kernel that runs the whole sample -> forward loop on the
 GPU and writes each token into pinned, host-mapped memory; this generator polls that memory
-(engine/backends/token_wait.py: how and when to look) and yields tokens while the kernel runs.
+(engine/backends/token_wait.py: how and when to look) and yields tokens while the kernel runs. A drafted
+decode that switches between the plain build and the drafts' build queues the next launch behind the running
+one, with a small kernel between them (kernels/hand_over.cu) that sets it up from how the first ended.
 Cancel is a host-mapped flag the kernel reads once per token; every wait inside the kernel
 has a watchdog, and a timeout comes back as a KogError with the device still usable. A
 device fault (a bad address) ends the process's CUDA context: it comes back as a KogError too,
@@ -24,7 +26,6 @@ import hashlib
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +37,7 @@ from engine.backends import DRAFT_POSITIONS_MAX, check_drafts
 from engine.backends.base import Backend
 from engine.backends.cuda_prefill import CudaPrefill
 from engine.backends.l2_sides import CHUNK_WORDS, HopSpace, hop_space
-from engine.backends.token_wait import follow
+from engine.backends.token_wait import TokenWait, follow
 from engine.drafts import BuildSwitch, ContextDrafts
 from engine.errors import KogError
 from engine.paths import cache_dir, make_dir
@@ -69,6 +70,44 @@ class _DecodeKernel:
     smem: int
     occupancy: int
     hop: HopSpace  # its hop space (its size depends on the positions a pass)
+
+
+@dataclass
+class _LaunchSlot:
+    """What one launch of the decode kernel writes: the words it starts from zero (the blocks' flags, status, control
+    words, the sampler's histograms: one allocation, one memset), its token stamps, its parameter block (and the pinned
+    copy it is uploaded from) and the host-mapped token and cancel words. A backend has two, used in turn, so that a
+    launch can be queued behind a running one (a drafted decode's switch of builds)."""
+
+    words: object
+    views: dict  # flags, status, ctl, hist_cnt, hist_mass: the kernel's fields in `words`
+    tok_time: object
+    params: object
+    params_staged: np.ndarray
+    h_tokens: np.ndarray  # -1 until the kernel writes the token
+    h_cancel: np.ndarray
+    pinned: object  # (keeps the host-mapped memory alive)
+
+    def fields(self) -> dict[str, int]:
+        """Its KParams pointers."""
+        return {name: view.data.ptr for name, view in self.views.items()} | {
+            "tok_time": self.tok_time.data.ptr, "host_tokens": self.h_tokens.ctypes.data,
+            "host_cancel": self.h_cancel.ctypes.data}
+
+
+@dataclass
+class _Launch:
+    """A launch of the decode kernel, queued or running. `start` and `max_tokens` are the host's, or (`repeat` set)
+    the launch before it ended first and the hand-over kernel set them on the device: the host's copies follow
+    from that launch's status."""
+
+    kernel: _DecodeKernel
+    slot: _LaunchSlot
+    done: object  # its event
+    start: int
+    max_tokens: int
+    leaves_logits: bool  # the logits of its last token are in place once it ends (a plain build's unscreened head)
+    repeat: int | None = None  # the launch before's last token, which this one's first step emits again
 
 
 class Layout:
@@ -291,6 +330,7 @@ class CudaBackend(Backend):
         self.last_logits: np.ndarray | None = None
         self.last_status: dict = {}
         self.token_times_ns: np.ndarray = np.zeros(0, np.uint64)
+        self.switch_gaps_ns: list[int] = []  # a drafted decode's switches: the GPU's time lost to each (_finish)
         # a drafted decode runs the plain build where the text copies nothing (decode); False: the drafts' build
         # throughout (bench/ comparisons)
         self.switch_builds = True
@@ -318,6 +358,8 @@ class CudaBackend(Backend):
         self.pmod = cp.RawModule(path=str(pre))
         self.k_f32_to_bf16 = self.pmod.get_function("kog_f32_to_bf16")
         self.l2mod = cp.RawModule(path=str(compile_kernels("l2_sides.cu", {}, self.arch)))
+        self.hand_over_mod = cp.RawModule(path=str(compile_kernels("hand_over.cu", {}, self.arch)))
+        self.k_hand_over = self.hand_over_mod.get_function("kog_hand_over")
         main = self._decode_kernel(self._defines())
         self.mod, self.k_decode, self.kernel_info, self.smem = main.module, main.function, main.info, main.smem
         self.occupancy, self._main = main.occupancy, main
@@ -480,31 +522,36 @@ class CudaBackend(Backend):
         f32 = lambda n: cp.full(n, np.nan, dtype=cp.float32)  # noqa: E731  poisoned until written
         self.hop = self._main.hop
         self.logits = f32(V)
-        self._no_logits = cp.full(V, -np.inf, dtype=cp.float32)  # (_pick_next)
         self.keys = cp.zeros(V, dtype=cp.uint32)
         self.bins = cp.full(vpad, 0xFFFF, dtype=cp.uint16)
-        # the words a launch starts from zero, in one allocation (one memset a launch: a drafted decode relaunches
-        # at every switch of builds): the blocks' flags, status, control words and the sampler's histograms
-        words = {"flags": (np.uint32, self.kernel_info["flags"]), "status": (np.int32, 8), "ctl": (np.int32, 4),
-                 "hist_cnt": (np.uint32, NBINS), "hist_mass": (np.uint64, NBINS)}
-        ends = np.cumsum([0] + [(n * np.dtype(t).itemsize + 15) // 16 * 16 for t, n in words.values()])
-        self._launch_words = cp.zeros(int(ends[-1]), dtype=cp.uint8)
-        for (name, (dtype, n)), at in zip(words.items(), ends):
-            setattr(self, name, self._launch_words[at : at + n * np.dtype(dtype).itemsize].view(dtype))
         self.slot_val = f32(DRAFT_POSITIONS_MAX * self.nblk)  # a block's best row, a slot a position of a pass
         self.slot_idx = cp.zeros(DRAFT_POSITIONS_MAX * self.nblk, dtype=cp.int32)
         self.rep_bits = cp.zeros((V + 31) // 32, dtype=cp.uint32)
         self.stop_ids = cp.zeros(self.kernel_info["max_stop"], dtype=cp.int32)
         cap = self.max_context + 1
-        self.tok_time = cp.zeros(cap, dtype=cp.uint64)
         self.context_ids = cp.zeros(cap, dtype=cp.int32)  # the context's tokens, for the drafts' search
-        self._pin = cp.cuda.alloc_pinned_memory(4 * (cap + 16))
-        pinned = np.frombuffer(self._pin, dtype=np.int32, count=cap + 16)
-        self.h_tokens = pinned[:cap]  # -1 until the kernel writes the token
-        self.h_cancel = pinned[cap + 4 : cap + 5]
-        base = self._pin.ptr
-        self._p_tokens, self._p_cancel = base, base + 4 * (cap + 4)
-        self.params = cp.zeros(len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS), dtype=cp.uint64)
+        # (uploaded from pinned memory: a copy from pageable memory may wait for the stream's running launch)
+        self._context_pinned = cp.cuda.alloc_pinned_memory(4 * cap)
+        self._context_staged = np.frombuffer(self._context_pinned, dtype=np.int32, count=cap)
+        self._slots = [self._launch_slot(cap) for _ in range(2)]
+        self._next_slot = 0
+        self._reader = cp.cuda.Stream(non_blocking=True)  # reads a launch's status while the next may run
+
+    def _launch_slot(self, cap: int) -> _LaunchSlot:
+        cp = self.cp
+        words = {"flags": (np.uint32, self.kernel_info["flags"]), "status": (np.int32, 8), "ctl": (np.int32, 4),
+                 "hist_cnt": (np.uint32, NBINS), "hist_mass": (np.uint64, NBINS)}
+        ends = np.cumsum([0] + [(n * np.dtype(t).itemsize + 15) // 16 * 16 for t, n in words.values()])
+        block = cp.zeros(int(ends[-1]), dtype=cp.uint8)
+        views = {name: block[at : at + n * np.dtype(dtype).itemsize].view(dtype)
+                 for (name, (dtype, n)), at in zip(words.items(), ends)}
+        nparams = len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS)
+        pinned = cp.cuda.alloc_pinned_memory(8 * nparams + 4 * (cap + 16))
+        host = np.frombuffer(pinned, dtype=np.int32, count=cap + 16, offset=8 * nparams)
+        return _LaunchSlot(words=block, views=views, tok_time=cp.zeros(cap, dtype=cp.uint64),
+                           params=cp.zeros(nparams, dtype=cp.uint64),
+                           params_staged=np.frombuffer(pinned, dtype=np.uint64, count=nparams),
+                           h_tokens=host[:cap], h_cancel=host[cap + 4 : cap + 5], pinned=pinned)
 
     @property
     def device_name(self) -> str:
@@ -546,27 +593,22 @@ class CudaBackend(Backend):
             return status == 0
         raise self._fault(self.cp.cuda.runtime.CUDARuntimeError(status))
 
-    def _pass_cancel(self) -> None:
-        """Hand a host cancel() to the kernel, which reads the mapped flag once a token."""
-        if self._cancel.is_set():
-            self.h_cancel[0] = 1
-
     # ---- decode --------------------------------------------------------------------------
-    def _fill_params(self, kernel: _DecodeKernel, params: SamplingParams, max_tokens: int, n_stop: int,
-                     use_penalty: bool, debug: str, timeout_s: float) -> None:
+    def _fill_params(self, kernel: _DecodeKernel, slot: _LaunchSlot, start: int, max_tokens: int, *,
+                     params: SamplingParams, n_stop: int, use_penalty: bool, debug: str, watchdog_s: float) -> None:
+        """Queue the upload of a launch's parameter block into `slot`."""
         hop = kernel.hop
-        host = {"host_tokens": self._p_tokens, "host_cancel": self._p_cancel, "hop": hop.arena.data.ptr,
-                "hop_map": hop.hop_map.data.ptr, "sm_side": hop.sm_side.data.ptr}
-        ptrs = {name: host[name] if name in host else getattr(self, name).data.ptr for name in _PTR_FIELDS}
+        owned = slot.fields() | {"hop": hop.arena.data.ptr, "hop_map": hop.hop_map.data.ptr,
+                                 "sm_side": hop.sm_side.data.ptr}
         ints = {
-            "start_pos": self.cached_tokens,
+            "start_pos": start,
             "max_tokens": max_tokens,
             "ctx_limit": self.max_context,
             "n_stop": n_stop,
             "greedy": int(params.greedy),
             "top_k": params.top_k,
             "seed": params.seed & ((1 << 64) - 1),
-            "timeout_ns": int(timeout_s * 1e9),
+            "timeout_ns": int(watchdog_s * 1e9),
             "debug": _DEBUG[debug],
             "use_penalty": int(use_penalty),
         }
@@ -576,15 +618,16 @@ class CudaBackend(Backend):
             "min_p": float(params.min_p),
             "penalty": float(np.float32(params.repetition_penalty)),
         }
-        block = np.zeros(len(_PTR_FIELDS) + len(_INT_FIELDS) + len(_FLOAT_FIELDS), dtype=np.uint64)
+        block = slot.params_staged
         for i, name in enumerate(_PTR_FIELDS):
-            block[i] = ptrs[name]
+            block[i] = owned[name] if name in owned else getattr(self, name).data.ptr
         o = len(_PTR_FIELDS)
         for i, name in enumerate(_INT_FIELDS):
             block[o + i] = np.uint64(ints[name] & ((1 << 64) - 1))
         o += len(_INT_FIELDS)
         block[o:] = np.array([floats[n] for n in _FLOAT_FIELDS], dtype=np.float64).view(np.uint64)
-        self.params.set(block, stream=self.stream)
+        rt = self.cp.cuda.runtime
+        rt.memcpyAsync(slot.params.data.ptr, block.ctypes.data, block.nbytes, rt.memcpyHostToDevice, self.stream.ptr)
 
     def decode(
         self,
@@ -600,9 +643,8 @@ class CudaBackend(Backend):
 
         A drafted decode (`draft_positions` > 1, greedy, no penalty) runs in stretches where `switch_builds`:
         the plain build where the text copies nothing, the drafts' build where it copies its context
-        (engine/drafts.py says when to switch). A switch cancels the running kernel, which stops after the pass
-        it is in, and launches the other build from the token it stopped at: that launch's logits hold that
-        token alone, so its first step picks it again (not yielded twice) and feeds it."""
+        (engine/drafts.py says when to switch). A switch cancels the running launch, which stops after the pass
+        it is in, and queues the other build behind it at once (_launches): the two meet on the device."""
         c = self.config
         self._check_alive()
         if max_tokens < 1 or self._cancel.is_set():
@@ -626,43 +668,76 @@ class CudaBackend(Backend):
                 ids = ids[(ids >= 0) & (ids < c.vocab_size)]
                 np.bitwise_or.at(bits, ids >> 5, (np.uint32(1) << (ids & 31).astype(np.uint32)))
                 self.rep_bits.set(bits, stream=self.stream)
+            if drafts is not None:  # the drafts' search reads the context (later tokens: the kernels write them)
+                n = self.cached_tokens
+                self._context_staged[:n] = history[:n]
+                rt = self.cp.cuda.runtime
+                rt.memcpyAsync(self.context_ids.data.ptr, self._context_staged.ctypes.data, 4 * n,
+                               rt.memcpyHostToDevice, self.stream.ptr)
         launch = dict(params=params, n_stop=len(stops), use_penalty=use_penalty, debug=debug, watchdog_s=watchdog_s)
-        self.last_status, self.token_times_ns = {}, np.zeros(0, np.uint64)
+        self.last_status, self.token_times_ns, self.switch_gaps_ns = {}, np.zeros(0, np.uint64), []
         stop_set = set(stops)
         if drafts is None:
-            yield from self._launch(self._main, max_tokens, stop_set, **launch)
+            yield from self._launches(self._main, max_tokens, stop_set, launch)
         elif not self.switch_builds:
-            yield from self._launch(drafts, max_tokens, stop_set, context=history, **launch)
+            yield from self._launches(drafts, max_tokens, stop_set, launch)
         else:
-            yield from self._stretches(drafts, max_tokens, stop_set, history, launch)
+            switch = BuildSwitch(self._context_drafts(history[: self.cached_tokens]), drafts.info["positions"])
+            yield from self._launches(self._main, max_tokens, stop_set, launch, switch=switch, other=drafts)
 
-    def _stretches(self, drafts: _DecodeKernel, max_tokens: int, stops: set[int], history: list[int],
-                   launch: dict) -> Iterator[int]:
-        """A drafted decode in stretches of the plain build and the drafts' build (see decode)."""
-        context = self._context_drafts(history[: self.cached_tokens])  # (before the first launch: the decode's host time)
-        switch = BuildSwitch(context, drafts.info["positions"])
-        switch.start(drafting=False)
-        kernel, emitted, repeat = self._main, 0, None
-        on_device = 0  # the context's tokens in context_ids: uploaded, or written by a launch of the drafts' build
-        while True:
-            leaving = False
-            with closing(self._launch(kernel, max_tokens - emitted + (repeat is not None), stops, repeat=repeat,
-                                      context=context.tokens if kernel is drafts else None, context_from=on_device,
-                                      **launch)) as tokens:
+    def _launches(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], launch: dict, *,
+                  switch: BuildSwitch | None = None, other: _DecodeKernel | None = None) -> Iterator[int]:
+        """A decode's tokens: from one launch of `kernel`, or (`switch`) from launches that alternate between `kernel`
+        and `other` as `switch` decides. A switch queues the other build behind the running launch, with the
+        hand-over kernel between them (_enqueue), and sets the running launch's cancel word: the host reads how the
+        first ended while the second already runs."""
+        wait = TokenWait()  # (one cadence over the launches)
+        emitted, clobbered = 0, False
+        run = self._enqueue(kernel, max_tokens, launch)
+        queued: _Launch | None = None
+        if switch is not None:
+            switch.start(drafting=kernel is other)
+        try:
+            while True:
+                tokens = follow(run.slot.h_tokens, run.max_tokens, stops, lambda: self._kernel_ended(run.done),
+                                lambda: self._pass_cancel(run), wait)
+                if run.repeat is not None and next(tokens, run.repeat) != run.repeat:  # (none: its status says why)
+                    raise KogError("the decode kernel did not go on from the token its launch was given")
                 for token in tokens:
                     emitted += 1
                     yield token
-                    if switch.seen(token) and not leaving:  # (every token: the index holds the whole context)
-                        leaving = True
-                        self.h_cancel[0] = 1  # the kernel stops after the pass it is in
-            if kernel is drafts:
-                on_device = len(context.tokens)
-            if not leaving or self.last_status["reason"] != _R_CANCEL or self._cancel.is_set():
-                return
-            kernel = self._main if kernel is drafts else drafts
-            repeat = context.tokens[-1]  # the token the last launch stopped at, not yet fed
-            self._pick_next(repeat)
-            switch.start(drafting=kernel is drafts)
+                    last = token in stops or emitted == max_tokens  # (the launch ends here anyway)
+                    if switch is not None and switch.seen(token) and queued is None and not last:  # (seen: every token)
+                        # queued before the cancel: the GPU does not wait for the host's enqueue
+                        clobbered = True  # (from here a hand-over may have written the logits)
+                        queued = self._enqueue(other if run.kernel is kernel else kernel, max_tokens - emitted + 1,
+                                               launch, after=run)
+                        run.slot.h_cancel[0] = 1  # the kernel stops after the pass it is in
+                st = self._finish(run)
+                run.done = None
+                if st[0]:
+                    raise self._stopped(st, launch["watchdog_s"])
+                if queued is None or st[3] != _R_CANCEL or self._cancel.is_set():
+                    return
+                queued.start, queued.max_tokens = self.cached_tokens, run.max_tokens - int(st[1]) + 1
+                queued.repeat = token
+                run, queued, clobbered = queued, None, False
+                switch.start(drafting=run.kernel is other)
+        finally:
+            for left in (run, queued):  # (a consumer that stopped early, an error, or a launch queued for nothing)
+                if left is not None and left.done is not None:
+                    left.slot.h_cancel[0] = 1
+            if run.done is not None:
+                self._finish(run)
+            if queued is not None:  # its tokens and cache writes count for nothing
+                self._wait(queued)
+            if clobbered:  # a hand-over wrote the logits after the last launch that counts
+                self.logits_valid = False
+
+    def _pass_cancel(self, run: _Launch) -> None:
+        """Hand a host cancel() to the running launch, which reads its mapped word once a token."""
+        if self._cancel.is_set():
+            run.slot.h_cancel[0] = 1
 
     def _context_drafts(self, context: list[int]) -> ContextDrafts:
         """The draft index of `context`: the last decode's, extended, where `context` continues its context (an
@@ -674,71 +749,71 @@ class CudaBackend(Backend):
         self._last_context = last
         return last
 
-    def _pick_next(self, token: int) -> None:
-        """Logits that make a launch's first step pick `token` (every other logit -inf; 0.0 is four zero bytes)."""
-        rt = self.cp.cuda.runtime
-        with self.device:
-            rt.memcpyAsync(self.logits.data.ptr, self._no_logits.data.ptr, self.logits.nbytes, rt.memcpyDeviceToDevice,
-                           self.stream.ptr)
-            rt.memsetAsync(self.logits.data.ptr + 4 * token, 0, 4, self.stream.ptr)
-
-    def _launch(self, kernel: _DecodeKernel, max_tokens: int, stops: set[int], *, params: SamplingParams, n_stop: int,
-                use_penalty: bool, debug: str, watchdog_s: float, context: list[int] | None = None,
-                context_from: int = 0, repeat: int | None = None) -> Iterator[int]:
-        """One launch of `kernel` from the logits in place (stop ids and penalty bits uploaded): yields its tokens,
-        then adds its status and token times to last_status and token_times_ns. `context`: the drafts' build's
-        context, whose cached tokens its draft search reads (those from `context_from` on are uploaded: the GPU
-        holds the rest). `repeat`: the token the launch's first step picks again (_pick_next), not yielded."""
+    def _enqueue(self, kernel: _DecodeKernel, max_tokens: int, launch: dict, *, after: _Launch | None = None) -> _Launch:
+        """Queue a launch of `kernel` on the slot the last launch did not use: from the logits in place and
+        `cached_tokens`, or (`after`) behind the running launch `after`, going on from where that one stops (the
+        hand-over kernel runs between them; `max_tokens` is then a bound the hand-over narrows)."""
         cp = self.cp
+        slot = self._slots[self._next_slot]
+        self._next_slot ^= 1
         start = self.cached_tokens
         with self._lock, self.device, self.stream:
-            if context is not None and context_from < start:
-                tail = np.asarray(context[context_from:start], dtype=np.int32)
-                self.context_ids[context_from:start].set(tail, stream=self.stream)
-            for words in (self._launch_words, kernel.hop.arena):
+            for words in (slot.words, kernel.hop.arena):
                 cp.cuda.runtime.memsetAsync(words.data.ptr, 0, words.nbytes, self.stream.ptr)
-            self._fill_params(kernel, params, max_tokens, n_stop, use_penalty, debug, watchdog_s)
-            self.h_cancel[0] = 0
-            self.h_tokens[:max_tokens] = -1
+            self._fill_params(kernel, slot, start, max_tokens, **launch)
+            if after is not None:
+                ints = 8 * len(_PTR_FIELDS)
+                copy_fed = after.kernel.info["positions"] == 1  # (the drafts' build writes context_ids itself)
+                args = (after.slot.views["status"], np.uint64(after.slot.params.data.ptr + ints),
+                        np.uint64(slot.params.data.ptr + ints), np.uint64(after.slot.h_tokens.ctypes.data),
+                        np.int32(copy_fed), self.context_ids, self.logits, np.int32(self.config.vocab_size))
+                self.k_hand_over((64,), (256,), args, stream=self.stream)
+            slot.h_cancel[0] = 0
+            slot.h_tokens[:max_tokens] = -1
             try:
-                kernel.function((self.nblk,), (self.nthr,), (self.params,), shared_mem=kernel.smem, stream=self.stream)
+                kernel.function((self.nblk,), (self.nthr,), (slot.params,), shared_mem=kernel.smem, stream=self.stream)
             except Exception as e:  # noqa: BLE001 - a launch refused (co-residency, resources)
                 raise KogError(f"cannot launch the decode kernel: {type(e).__name__}: {e}") from None
             done = cp.cuda.Event(block=False, disable_timing=True)
             done.record(self.stream)
-        finished = False
+        # a screened LM head or a drafted pass leaves no logits behind: the next decode starts from a prefill
+        screened = self.kernel_info["lm_screen"] and launch["params"].greedy and not launch["use_penalty"]
+        return _Launch(kernel=kernel, slot=slot, done=done, start=start, max_tokens=max_tokens,
+                       leaves_logits=not (screened or kernel.info["positions"] > 1))
+
+    def _wait(self, run: _Launch) -> None:
         try:
-            # follow returns once the kernel has ended or is ending: the synchronize below waits for it
-            tokens = follow(self.h_tokens, max_tokens, stops, lambda: self._kernel_ended(done), self._pass_cancel)
-            if repeat is not None and next(tokens, repeat) != repeat:
-                raise KogError("the decode kernel did not go on from the token its launch was given")
-            yield from tokens
-            finished = True
-        finally:
-            if not finished:
-                self.h_cancel[0] = 1
-            try:
-                self.stream.synchronize()
-                st = self.status.get()
-            except cp.cuda.runtime.CUDARuntimeError as e:
-                raise self._fault(e) from None
-            self._add_status(st, repeat is not None)
-            if st[0]:
-                self.cached_tokens = start
-                self.logits_valid = False
-            else:
-                self.cached_tokens = start + int(st[2])
-                times = self.tok_time[int(repeat is not None) : int(st[1])].get()
-                self.token_times_ns = np.concatenate([self.token_times_ns, times])
-                # a screened LM head or a drafted pass leaves no logits behind: the next decode starts from a prefill
-                screened = self.kernel_info["lm_screen"] and params.greedy and not use_penalty
-                self.logits_valid = not (screened or kernel.info["positions"] > 1)
+            run.done.synchronize()
+        except self.cp.cuda.runtime.CUDARuntimeError as e:
+            raise self._fault(e) from None
+
+    def _finish(self, run: _Launch) -> np.ndarray:
+        """Wait for `run` to end and take its status and token stamps (on a stream of their own: the next launch may
+        be queued behind it) into last_status, token_times_ns, cached_tokens and logits_valid; its status."""
+        self._wait(run)
+        try:
+            st = run.slot.views["status"].get(stream=self._reader)
+            times = run.slot.tok_time[: int(st[1])].get(stream=self._reader) if not st[0] else None
+        except self.cp.cuda.runtime.CUDARuntimeError as e:
+            raise self._fault(e) from None
+        self._add_status(st, run.repeat is not None)
         if st[0]:
-            what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
-            raise KogError(
-                f"GPU decode stopped: {what} (block {int(st[6])}, phase {int(st[5])}, "
-                f"limit {watchdog_s:g} s); the device is free again"
-            )
+            self.cached_tokens = run.start
+            self.logits_valid = False
+            return st
+        self.cached_tokens = run.start + int(st[2])
+        if run.repeat is not None and len(times) and len(self.token_times_ns):
+            self.switch_gaps_ns.append(int(times[0]) - int(self.token_times_ns[-1]))
+        self.token_times_ns = np.concatenate([self.token_times_ns, times[int(run.repeat is not None) :]])
+        # a screened LM head or a drafted pass leaves no logits behind: the next decode starts from a prefill
+        self.logits_valid = run.leaves_logits
+        return st
+
+    @staticmethod
+    def _stopped(st: np.ndarray, watchdog_s: float) -> KogError:
+        what = _ERRORS.get(int(st[0]), f"error {int(st[0])}")
+        return KogError(f"GPU decode stopped: {what} (block {int(st[6])}, phase {int(st[5])}, "
+                        f"limit {watchdog_s:g} s); the device is free again")
 
     def _add_status(self, st: np.ndarray, repeat: bool) -> None:
         """last_status over a decode's launches: the last one's error, reason and place; tokens (each once),
