@@ -11,12 +11,14 @@ quote the code); prose copies little: the prompts below hold both.
     python bench/lookup_acceptance.py [--model NAME] [--device cpu|cuda] [--tokens 256] [--drafts 2,4,8]
     python bench/lookup_acceptance.py --device cuda --positions 5   # and the CUDA decode's drafted passes, timed
     python bench/lookup_acceptance.py --device cuda --positions 5 --define KOG_GATHER_TO_XS=8   # another build
+    python bench/lookup_acceptance.py --device cuda --positions 5 --rules 4:4,3:3   # switching rules side by side
 
 For each prompt it prints the tokens a pass for each k, and for k = 4 the share of passes that had a draft
 and the share whose draft lost its first token (a pass that a plain decode would have run anyway).
 With --positions N (CUDA), each prompt is decoded again with N positions a pass (N - 1 drafts), by the drafts'
-build throughout and switching builds (engine/drafts.py): the tokens must be the plain decode's, and the decode
-rates (the kernel's own token stamps) are printed side by side.
+build throughout and switching builds (engine/drafts.py; --rules times several (COPY_MATCH, DRY_PASSES) rules
+in one process): the tokens must be the plain decode's, and the decode rates (the kernel's own token stamps) are
+printed side by side.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import re
 import numpy as np
 
 from agent.workloads import PROMPTS
+from engine import drafts
 from engine.api import load
 from engine.backends import create_backend
 from engine.drafts import MIN_MATCH, NGRAM, ContextDrafts
@@ -67,9 +70,14 @@ def main() -> None:
     parser.add_argument("--min-match", type=int, default=MIN_MATCH, help="a draft needs this many of the last tokens matched")
     parser.add_argument("--define", action="append", default=[], metavar="KOG_X=N",
                         help="CUDA: a kernel build knob (kernels/decode_common.cuh), repeatable")
+    parser.add_argument("--rules", default=f"{drafts.COPY_MATCH}:{drafts.DRY_PASSES}", metavar="COPY:DRY,...",
+                        help="CUDA: the switching rules to time (engine/drafts.py's COPY_MATCH and DRY_PASSES)")
     args = parser.parse_args()
     if any(not re.fullmatch(r"KOG_\w+=-?\d+", d) for d in args.define):
         parser.error("--define takes KOG_NAME=INTEGER")
+    if not re.fullmatch(r"\d+:\d+(,\d+:\d+)*", args.rules):
+        parser.error("--rules takes COPY:DRY pairs of integers, comma-separated")
+    rules = [tuple(int(n) for n in rule.split(":")) for rule in args.rules.split(",")]
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}
@@ -94,12 +102,14 @@ def main() -> None:
             backend.draft_positions = args.positions
             positions = backend.pass_positions  # (fewer where that many do not fit the GPU's shared memory)
             timed = [plain]
-            for switching in (False, True):  # the drafts' build throughout, then in stretches with the plain build
+            for rule in [None] + rules:  # the drafts' build throughout, then in stretches with the plain build
                 backend.truncate(0)
-                backend.switch_builds = switching
+                backend.switch_builds = rule is not None
+                if rule:
+                    drafts.COPY_MATCH, drafts.DRY_PASSES = rule
                 drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
                 timed.append(decode_rate(backend))
-                print(f"{name:8s} CUDA decode, {positions} positions a pass{', switching builds' if switching else ''}: "
+                print(f"{name:8s} CUDA decode, {positions} positions a pass{f', switching builds {rule}' if rule else ''}: "
                       f"{timed[-1]:7.1f} tok/s ({timed[-1] / plain:.2f}x plain's {plain:.1f}), "
                       f"{backend.last_status['passes']} passes, {backend.last_status['launches']} launches, "
                       f"tokens {'identical' if drafted == generated else 'DIFFERENT'}")
@@ -118,9 +128,10 @@ def main() -> None:
     print("all: tokens a pass " + ", ".join(f"k={k} {t / c:.2f}" for k, (t, c) in totals.items()))
     if rates:
         print(f"CUDA decode, {args.positions} positions a pass against plain: "
-              + ", ".join(f"{d / p:.2f}x" for p, d, _ in rates))
-        print(f"CUDA decode, {args.positions} positions a pass switching builds against plain: "
-              + ", ".join(f"{s / p:.2f}x" for p, _, s in rates))
+              + ", ".join(f"{row[1] / row[0]:.2f}x" for row in rates))
+        for i, rule in enumerate(rules, 2):
+            print(f"CUDA decode, {args.positions} positions a pass switching builds {rule} against plain: "
+                  + ", ".join(f"{row[i] / row[0]:.2f}x" for row in rates))
 
 
 if __name__ == "__main__":
