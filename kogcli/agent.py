@@ -8,18 +8,12 @@ from typing import Optional
 
 import typer
 
+from engine.backends import DEFAULT_DRAFTS
 from kogcli.common import err, notice, user_errors
 
 # Exit status of `kog agent fix` when the run ended with the tests still failing.
 NOT_FIXED = 3
 
-# `kog agent fix`'s --drafts where none is given and the local engine runs on CUDA: an agent's replies copy their
-# context (code, edits, tests), which drafted passes decode 1.6-2.0x faster on the default model, with the same
-# tokens (PERF.md session 66); since session 72 the stretches that copy nothing run the plain build (the bench's
-# agent reply 1.69x, free prose 1.05-1.09x). Where five positions a pass do not fit the GPU's shared memory (every
-# registry model fits them on an H100 or H200), the engine takes the most that do. Sampled replies (--temperature > 0)
-# run the plain decode whatever --drafts says, so they take 1 (no drafts' build made at load for nothing).
-AGENT_DRAFTS = 5
 
 
 def register(app: typer.Typer) -> None:
@@ -45,7 +39,7 @@ def fix_command(
     api_key: Optional[str] = typer.Option(None, "--api-key", envvar="KOG_API_KEY", show_envvar=True, help="Bearer token for --endpoint."),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy."),
     seed: int = typer.Option(0, "--seed", help="Sampling seed (local model)."),
-    drafts: Optional[int] = typer.Option(None, "--drafts", metavar="N", help=f"Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend; the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off. Default: {AGENT_DRAFTS} on CUDA with greedy decoding, else 1."),
+    drafts: Optional[int] = typer.Option(None, "--drafts", metavar="N", help=f"Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend; the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off. Default: {DEFAULT_DRAFTS} on CUDA with greedy decoding, else 1."),
     allow_shell: bool = typer.Option(False, "--allow-shell", help="Let the model run shell commands (@run_command). `kog agent undo` then also restores small git-ignored files (.env: up to 1 MiB each, 64 MiB in all, outside dependency and build folders); not larger ones, nor anything outside the repository."),
     allow_test_edits: bool = typer.Option(False, "--allow-test-edits", help="Let the model change test files and test configuration."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Work on a scratch copy; show the diff, write nothing."),
@@ -56,7 +50,7 @@ def fix_command(
     """Run the tests of PATH and edit it until they pass or a budget ends; exit 0 when fixed, 3 when not."""
     from agent.display import Display, JsonDisplay, LiveDisplay
     from agent.loop import Options, fix
-    from engine.backends import check_drafts, resolve_device
+    from engine.backends import check_drafts, default_drafts, resolve_device
     from engine.errors import KogError
     from engine.sampling import SamplingParams
 
@@ -64,14 +58,14 @@ def fix_command(
                         ("--timeout", timeout), ("--test-timeout", test_timeout)):
         if not (math.isfinite(value) and value > 0):
             raise KogError(f"{name} must be a finite number > 0, got {value}")
-    greedy = SamplingParams(temperature=temperature, seed=seed).greedy  # (checks an endpoint's temperature too)
+    sampling = SamplingParams(temperature=temperature, seed=seed)  # (checks an endpoint's temperature too)
     if endpoint:
         if drafts not in (None, 1):
             raise KogError("--drafts is for the local engine, not --endpoint")
         drafts = 1
     else:
         device = resolve_device(device)  # (the client opens the engine on it, as kog generate does)
-        drafts = (AGENT_DRAFTS if device == "cuda" and greedy else 1) if drafts is None else drafts
+        drafts = default_drafts(device, sampling) if drafts is None else drafts
         check_drafts(drafts, device)
     if quiet and as_json:
         raise KogError("--quiet and --json exclude each other")

@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from engine.backends import DEFAULT_DRAFTS
 from kogcli.common import err, user_errors
 
 
@@ -31,10 +32,11 @@ def chat_command(
     seed: int = typer.Option(0, "--seed"),
     context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
     max_tokens: int = typer.Option(2048, "--max-tokens", "-n", help="The longest reply, in tokens."),
+    drafts: Optional[int] = typer.Option(None, "--drafts", metavar="N", help=f"Check up to N - 1 draft tokens copied from the context in each greedy decode pass (CUDA backend); the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off. Default: {DEFAULT_DRAFTS} on CUDA when the chat starts greedy, else 1."),
 ):
     """Chat with a model in the terminal; the status bar shows the live decode rate."""
     from engine.api import check_context
-    from engine.backends import resolve_device
+    from engine.backends import check_drafts, resolve_device
     from engine.errors import KogError
     from engine.registry import Registry
     from engine.sampling import SamplingParams
@@ -45,7 +47,9 @@ def chat_command(
     if model is not None:
         Registry().resolve(model)
     SamplingParams(temperature=temperature, seed=seed)
-    resolve_device(device)
+    resolved = resolve_device(device)
+    if drafts is not None:
+        check_drafts(drafts, resolved)
     check_context(context)
     if max_tokens < 1:
         raise KogError(f"--max-tokens must be >= 1, got {max_tokens}")
@@ -64,7 +68,7 @@ def chat_command(
         if not (sys.stdin.isatty() and sys.stdout.isatty()):  # (the screen would wait for keys that never come)
             raise KogError("kog chat needs a terminal; for a pipe or a script use kog generate")
         options = ChatOptions(model=model, device=device, context=context, system=system, temperature=temperature,
-                              seed=seed, max_tokens=max_tokens, resume=chat_id)
+                              seed=seed, max_tokens=max_tokens, resume=chat_id, drafts=drafts)
         app = ChatApp(options, store)
         app.run()
         app.action_stop()  # a reply still streaming when the app crashed would keep the process alive

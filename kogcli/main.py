@@ -15,6 +15,7 @@ from typing import Optional
 import typer
 
 from engine import __version__
+from engine.backends import DEFAULT_DRAFTS
 from engine.backends.cuda_fault import end_process_after_fault
 from engine.errors import KogError
 from kogcli.common import err, notice, print_error, print_table, user_errors
@@ -95,11 +96,11 @@ def generate_command(
     raw: bool = typer.Option(False, "--raw", help="Feed the prompt as is, without the chat template."),
     context: Optional[int] = typer.Option(None, "--context", help="Context size in tokens (default: the model's)."),
     as_json: bool = typer.Option(False, "--json", help="After the text, print the stats as JSON instead of a line."),
-    drafts: int = typer.Option(1, "--drafts", metavar="N", help="Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off."),
+    drafts: Optional[int] = typer.Option(None, "--drafts", metavar="N", help=f"Check up to N - 1 draft tokens copied from the context in each decode pass: greedy decoding on the CUDA backend without a repetition penalty; the tokens do not change, and text that repeats its context (code edits, tests) comes faster. 1 = off. Default: {DEFAULT_DRAFTS} where the decode checks drafts, else 1."),
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
     from engine.api import check_context, context_cap_note, drafts_note, load, open_session
-    from engine.backends import check_drafts, resolve_device
+    from engine.backends import check_drafts, default_drafts, resolve_device
     from engine.sampling import SamplingParams
 
     # the command line's own mistakes, before a model is downloaded or loaded
@@ -127,6 +128,7 @@ def generate_command(
         raise KogError("--system needs the chat template; drop --raw")
     device = resolve_device(device)
     check_context(context)
+    drafts = default_drafts(device, params) if drafts is None else drafts
     check_drafts(drafts, device)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system, draft_positions=drafts)

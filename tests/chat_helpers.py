@@ -105,7 +105,7 @@ def synthetic_opener(model: LoadedModel, make_source: Callable[[LoadedModel], Ba
     """A session opener for ChatApp that runs `model`'s tokenizer over a synthetic source."""
     named = dataclasses.replace(model, name=SYNTHETIC_MODEL)
 
-    def open_session(target, device, context, system):
+    def open_session(target, device, context, system, drafts):
         return Session(named, make_source(named), system=system)
 
     return open_session

@@ -579,3 +579,24 @@ def test_picking_the_model_in_use_keeps_it_loaded(default_gguf, tmp_path):
             assert f"{session.model.target} is already in use" in [n.message for n in app._notifications]
 
     run(scenario())
+
+
+def test_the_chat_asks_the_engine_for_drafted_passes(default_gguf, tmp_path):
+    """--drafts reaches the engine (default: 1 off CUDA), and a GPU that fits fewer positions a pass says so."""
+    model = loaded(default_gguf)
+    opener = synthetic_opener(model, lambda m: SyntheticTokenSource(m, reply_ids(model, "Hi."), 1000.0))
+    asked = []
+
+    def recording(*args):
+        asked.append(args[4])
+        return opener(*args)  # (a source that runs one position a pass)
+
+    async def scenario(drafts):
+        app = chat_app(tmp_path / f"chats-{drafts}.db", recording, device="cpu", drafts=drafts)
+        async with app.run_test(size=(100, 30)) as pilot:
+            await wait_ready(pilot, app)
+            return [n.message for n in app._notifications]
+
+    assert not any("drafted passes" in note for note in run(scenario(None)))
+    assert any(note.endswith("decoding one position a pass, not 4") for note in run(scenario(4)))
+    assert asked == [1, 4]

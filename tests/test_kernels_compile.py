@@ -80,10 +80,9 @@ def test_kernel_compiles(source, defines, tmp_path):
 def test_drafts_build_fits(name, tmp_path):
     """engine/backends/cuda.py fit_positions on nvcc's front end, as the backend runs it on NVRTC's: from
     the most positions `--drafts` takes down, a build is refused only by the shared-memory assertion, and
-    `kog agent fix`'s default fits every registry model on a 132-block grid."""
-    from engine.backends import DRAFT_POSITIONS_MAX
+    the front ends' default fits every registry model on a 132-block grid."""
+    from engine.backends import DEFAULT_DRAFTS, DRAFT_POSITIONS_MAX
     from engine.backends.cuda import compile_error, first_error, fit_positions
-    from kogcli.agent import AGENT_DRAFTS
 
     def front_end(positions: int) -> int:
         cmd = [NVCC, "-arch=sm_90", "-std=c++17", "-c", "-fdevice-syntax-only", str(KERNELS / "decode.cu"), "-o", str(tmp_path / "k.o")]
@@ -96,4 +95,4 @@ def test_drafts_build_fits(name, tmp_path):
 
     positions, _ = fit_positions(DRAFT_POSITIONS_MAX, front_end)
     print(f"{name}: {positions} positions a pass fit")
-    assert positions >= AGENT_DRAFTS
+    assert positions >= DEFAULT_DRAFTS

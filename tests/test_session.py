@@ -192,3 +192,14 @@ def test_drafts_note_says_when_fewer_positions_a_pass_run():
     assert drafts_note("qwen3-8b", 5, 5) is None and drafts_note("qwen3-8b", 1, 1) is None
     assert drafts_note("qwen3-8b", 5, 3).endswith("using 3, not 5")
     assert drafts_note("qwen3-8b", 5, 1).endswith("decoding one position a pass, not 5")
+
+
+def test_drafts_default_only_where_the_decode_checks_drafts():
+    """The front ends' --drafts where none is given: the drafts' build only for greedy decoding without a repetition
+    penalty on CUDA (a sampled or penalized decode runs the plain build, so its compile would be for nothing)."""
+    from engine.backends import DEFAULT_DRAFTS, default_drafts
+
+    assert default_drafts("cuda", SamplingParams()) == DEFAULT_DRAFTS > 1
+    assert default_drafts("cpu", SamplingParams()) == 1
+    assert default_drafts("cuda", SamplingParams(temperature=0.7)) == 1
+    assert default_drafts("cuda", SamplingParams(repetition_penalty=1.1)) == 1

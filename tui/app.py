@@ -19,7 +19,8 @@ from textual.message import Message
 from textual.widgets import Footer
 from textual.worker import Worker
 
-from engine.api import context_cap_note, load, open_session
+from engine.api import context_cap_note, drafts_note, load, open_session
+from engine.backends import default_drafts, resolve_device
 from engine.errors import KogError
 from engine.registry import ModelSpec, Registry, installed
 from engine.sampling import SamplingParams
@@ -50,16 +51,18 @@ class ChatOptions:
     seed: int = 0
     max_tokens: int = 2048
     resume: int | None = None  # a saved chat's id
+    drafts: int | None = None  # positions a greedy pass checks; None: the engine's default for the device and sampling
 
 
-# How the app gets a Session for a model: (target, device, context, system) -> Session.
-SessionOpener = Callable[[str | None, str, int | None, str | None], Session]
+# How the app gets a Session for a model: (target, device, context, system, drafts) -> Session.
+SessionOpener = Callable[[str | None, str, int | None, str | None, int], Session]
 
 
-def engine_session(target: str | None, device: str, context: int | None, system: str | None) -> Session:
+def engine_session(target: str | None, device: str, context: int | None, system: str | None, drafts: int) -> Session:
     # progress=False: pull progress printed to the terminal would tear the screen; the app pulls
     # missing models itself, with its own bar, before it gets here.
-    return open_session(load(target, progress=False), device=device, context=context, system=system)
+    return open_session(load(target, progress=False), device=device, context=context, system=system,
+                        draft_positions=drafts)
 
 
 def missing_model(target: str | None) -> ModelSpec | None:
@@ -73,9 +76,10 @@ def missing_model(target: str | None) -> ModelSpec | None:
 
 
 class ModelReady(Message):
-    def __init__(self, seq: int, session: Session | None, error: str | None):
+    def __init__(self, seq: int, session: Session | None, error: str | None, drafts: int = 1):
         super().__init__()
         self.seq, self.session, self.error = seq, session, error
+        self.drafts = drafts  # the positions a pass asked of the engine
 
 
 class ReplyDone(Message):
@@ -177,13 +181,16 @@ class ChatApp(App):
     @work(thread=True, group="model")
     def _load(self, target: str | None, seq: int) -> None:
         try:
-            session = self.open_session(target, self.options.device, self.options.context, self.system)
+            device = resolve_device(self.options.device)
+            # (the drafts' build is made at load: a chat started sampling and turned greedy decodes plainly)
+            drafts = default_drafts(device, self.params) if self.options.drafts is None else self.options.drafts
+            session = self.open_session(target, device, self.options.context, self.system, drafts)
         except KogError as e:
             self.post_message(ModelReady(seq, None, str(e)))
         except Exception as e:  # a broken model file must not take the app down
             self.post_message(ModelReady(seq, None, f"could not load {self.loading}: {type(e).__name__}: {e}"))
         else:
-            self.post_message(ModelReady(seq, session, None))
+            self.post_message(ModelReady(seq, session, None, drafts))
 
     async def on_model_ready(self, event: ModelReady) -> None:
         if event.seq != self._load_seq:
@@ -202,9 +209,11 @@ class ChatApp(App):
             self.session.backend.close()
         self.session, self._last_stats = event.session, None  # the last model's rates are not this one's
         self._context_used = self._conversation_tokens()
-        note = context_cap_note(self.session.model.name, self.options.context, self.session.context_size)
-        if note:
-            self.notify(note, severity="warning", markup=False)
+        name = self.session.model.name
+        for note in (context_cap_note(name, self.options.context, self.session.context_size),
+                     drafts_note(name, event.drafts, self.session.backend.pass_positions)):
+            if note:
+                self.notify(note, severity="warning", markup=False)
         if self.chat_id is not None:
             await self._save(lambda: self.store.update(self.chat_id, model=self.session.model.target))
 
