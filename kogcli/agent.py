@@ -15,7 +15,6 @@ from kogcli.common import err, notice, user_errors
 NOT_FIXED = 3
 
 
-
 def register(app: typer.Typer) -> None:
     agent_app = typer.Typer(help="A coding agent that edits a repository until its tests pass.", no_args_is_help=True)
     agent_app.command("fix")(user_errors(fix_command))
@@ -50,7 +49,7 @@ def fix_command(
     """Run the tests of PATH and edit it until they pass or a budget ends; exit 0 when fixed, 3 when not."""
     from agent.display import Display, JsonDisplay, LiveDisplay
     from agent.loop import Options, fix
-    from engine.backends import check_drafts, default_drafts, resolve_device
+    from engine.backends import check_drafts, resolve_device, resolve_drafts
     from engine.errors import KogError
     from engine.sampling import SamplingParams
 
@@ -65,7 +64,7 @@ def fix_command(
         drafts = 1
     else:
         device = resolve_device(device)  # (the client opens the engine on it, as kog generate does)
-        drafts = default_drafts(device, sampling) if drafts is None else drafts
+        drafts = resolve_drafts(drafts, device, sampling)
         check_drafts(drafts, device)
     if quiet and as_json:
         raise KogError("--quiet and --json exclude each other")

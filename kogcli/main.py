@@ -100,7 +100,7 @@ def generate_command(
 ):
     """Stream a reply to PROMPT, then one line of stats; exit 130 when interrupted."""
     from engine.api import check_context, context_cap_note, drafts_note, load, open_session
-    from engine.backends import check_drafts, default_drafts, resolve_device
+    from engine.backends import check_drafts, resolve_device, resolve_drafts
     from engine.sampling import SamplingParams
 
     # the command line's own mistakes, before a model is downloaded or loaded
@@ -128,7 +128,7 @@ def generate_command(
         raise KogError("--system needs the chat template; drop --raw")
     device = resolve_device(device)
     check_context(context)
-    drafts = default_drafts(device, params) if drafts is None else drafts
+    drafts = resolve_drafts(drafts, device, params)
     check_drafts(drafts, device)
     loaded = load(model)
     session = open_session(loaded, device=device, context=context, system=system, draft_positions=drafts)

@@ -197,9 +197,10 @@ def test_drafts_note_says_when_fewer_positions_a_pass_run():
 def test_drafts_default_only_where_the_decode_checks_drafts():
     """The front ends' --drafts where none is given: the drafts' build only for greedy decoding without a repetition
     penalty on CUDA (a sampled or penalized decode runs the plain build, so its compile would be for nothing)."""
-    from engine.backends import DEFAULT_DRAFTS, default_drafts
+    from engine.backends import DEFAULT_DRAFTS, resolve_drafts
 
-    assert default_drafts("cuda", SamplingParams()) == DEFAULT_DRAFTS > 1
-    assert default_drafts("cpu", SamplingParams()) == 1
-    assert default_drafts("cuda", SamplingParams(temperature=0.7)) == 1
-    assert default_drafts("cuda", SamplingParams(repetition_penalty=1.1)) == 1
+    assert resolve_drafts(None, "cuda", SamplingParams()) == DEFAULT_DRAFTS > 1
+    assert resolve_drafts(None, "cpu", SamplingParams()) == 1
+    assert resolve_drafts(None, "cuda", SamplingParams(temperature=0.7)) == 1
+    assert resolve_drafts(None, "cuda", SamplingParams(repetition_penalty=1.1)) == 1
+    assert resolve_drafts(3, "cuda", SamplingParams(temperature=0.7)) == 3  # (asked: as asked)

@@ -20,7 +20,7 @@ from textual.widgets import Footer
 from textual.worker import Worker
 
 from engine.api import context_cap_note, drafts_note, load, open_session
-from engine.backends import default_drafts, resolve_device
+from engine.backends import resolve_device, resolve_drafts
 from engine.errors import KogError
 from engine.registry import ModelSpec, Registry, installed
 from engine.sampling import SamplingParams
@@ -183,7 +183,7 @@ class ChatApp(App):
         try:
             device = resolve_device(self.options.device)
             # (the drafts' build is made at load: a chat started sampling and turned greedy decodes plainly)
-            drafts = default_drafts(device, self.params) if self.options.drafts is None else self.options.drafts
+            drafts = resolve_drafts(self.options.drafts, device, self.params)
             session = self.open_session(target, device, self.options.context, self.system, drafts)
         except KogError as e:
             self.post_message(ModelReady(seq, None, str(e)))

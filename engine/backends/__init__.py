@@ -38,9 +38,11 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def default_drafts(device: str, params: SamplingParams) -> int:
-    """--drafts where none is given, on a resolved `device`: DEFAULT_DRAFTS where a decode with `params` checks
-    drafts, else 1 (no drafts' build compiled at load for nothing)."""
+def resolve_drafts(asked: int | None, device: str, params: SamplingParams) -> int:
+    """--drafts on a resolved `device`: `asked`, or where none is given DEFAULT_DRAFTS where a decode with `params`
+    checks drafts, else 1 (no drafts' build compiled at load for nothing)."""
+    if asked is not None:
+        return asked
     checks_drafts = device == "cuda" and params.greedy and params.repetition_penalty == 1.0
     return DEFAULT_DRAFTS if checks_drafts else 1
 
