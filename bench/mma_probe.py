@@ -46,7 +46,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.coded_probe import OR_BASE, encode, set_base, to_bf16_bits  # noqa: E402
+from bench.coded_probe import OR_BASE, set_base, to_bf16_bits  # noqa: E402
 from bench.coded_probe import SOURCE as CODED_SOURCE  # noqa: E402
 from bench.stream_probe import SHARES, RingPhases  # noqa: E402
 
@@ -371,7 +371,7 @@ def check_positions(cp, mod) -> None:
     got = rows.get().reshape(5, n, 8).astype(np.float64)
     errors = [np.max(np.abs(got[p] - w @ xs[p]) / (np.abs(w) @ np.abs(xs[p]))) for p in range(5)]
     verdict = "within" if all(e < 1e-6 for e in errors) else "NOT within"  # (a NaN, an unwritten row, is not)
-    print(f"mma check, five positions a pass: largest |error| / sum |w x| by position: "
+    print("mma check, five positions a pass: largest |error| / sum |w x| by position: "
           + ", ".join(f"{e:.2e}" for e in errors) + f" ({verdict} 1e-6)")
 
 

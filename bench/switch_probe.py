@@ -11,7 +11,8 @@ a reply; the tokens must still be the plain decode's.
     python3 bench/switch_probe.py [--models smollm2-135m,llama-3.2-1b] [--positions 5] [--tokens 256] [--runs 3]
 
 Per model: the plain decode's rate and median token gap, the drafts' build throughout and the eager switching
-decode (rates, launches), the switches' dead time (median, 90th percentile) in us and in plain tokens.
+decode (rates, launches), the switches' dead time (median, 90th percentile) in us and in plain tokens; then the
+same switching decode with clock stamps queued among its launches, and its switches split into pieces (SeamStamps).
 """
 
 from __future__ import annotations
@@ -25,6 +26,77 @@ from bench.random_models import build_hf, loaded_model, random_prompt
 from engine import drafts
 from engine.backends.cuda import CudaBackend
 from engine.sampling import SamplingParams
+
+_STAMP_SRC = r"""
+extern "C" __global__ void kog_probe_stamp(unsigned long long* at) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    *at = t;
+}"""
+PIECES = ("tail", "fills", "params", "hand-over", "head")
+
+
+class SeamStamps:
+    """Splits each switch's dead time (bench only): tiny kernels that stamp the GPU's clock are queued among the
+    launches' own work, and the launches' first and last token stamps are kept. Between the stopped launch's last
+    token and the next launch's repeated first one: `tail` (the stopped kernel's exit), `fills` (its successor's
+    two buffer fills), `params` (the parameter block's copy), `hand-over` (the hand-over kernel, and the new
+    launch's queueing ahead of it) and `head` (the new kernel's start and its first step)."""
+
+    def __init__(self, backend: CudaBackend) -> None:
+        cp = backend.cp
+        self.backend, self.cp = backend, cp
+        self.kernel = cp.RawKernel(_STAMP_SRC, "kog_probe_stamp")
+        self.at = cp.zeros(4096, dtype=cp.uint64)
+        self.stamps: list[tuple[str, int]] = []  # (what, index into `at`), in stream order
+        self.tokens: list[tuple[int, int]] = []  # each launch's first and last token stamps
+        fill, finish = backend._fill_params, backend._finish
+
+        def stamped_fill(*args, **kwargs):
+            self._stamp("B")
+            fill(*args, **kwargs)
+            self._stamp("C")
+
+        def kept_finish(run):
+            st = finish(run)
+            n = int(st[1])
+            if n and not st[0]:
+                times = run.slot.tok_time[:n].get(stream=backend._reader)
+                self.tokens.append((int(times[0]), int(times[-1])))
+            return st
+
+        backend._fill_params, backend._finish = stamped_fill, kept_finish
+        for kernel in (backend._main, backend._drafts_kernel()):
+            kernel.function = self._stamped_launch(kernel.function)
+
+    def _stamp(self, what: str) -> None:
+        self.kernel((1,), (1,), (self.at[len(self.stamps) :],), stream=self.backend.stream)
+        self.stamps.append((what, len(self.stamps)))
+
+    def _stamped_launch(self, function):
+        def launch(*args, **kwargs):
+            self._stamp("D")
+            function(*args, **kwargs)
+            self._stamp("A")
+
+        return launch
+
+    def reset(self) -> None:
+        self.stamps, self.tokens = [], []
+
+    def pieces(self) -> dict[str, list[float]]:
+        """The last decode's switches, each split into PIECES (us)."""
+        at = self.at[: len(self.stamps)].get().astype(np.int64)
+        launches = [at[i : i + 4] for i in range(0, len(self.stamps), 4)]  # each launch's B, C, D, A
+        assert [w for w, _ in self.stamps] == ["B", "C", "D", "A"] * len(launches)
+        out: dict[str, list[float]] = {p: [] for p in PIECES}
+        for k in range(len(self.tokens) - 1):
+            (_, last), (first, _) = self.tokens[k], self.tokens[k + 1]
+            a = launches[k][3]
+            b, c, d, _ = launches[k + 1]
+            for piece, ns in zip(PIECES, (a - last, b - a, c - b, d - c, first - d)):
+                out[piece].append(ns * 1e-3)
+        return out
 
 
 def decode(backend: CudaBackend, positions: int, switching: bool, prompt: list[int], tokens: int) -> list[int]:
@@ -75,6 +147,17 @@ def main() -> None:
               f"{np.median(rates['switching']):.1f} tok/s, {int(np.median(launches))} launches; a switch's dead time "
               f"median {np.median(dead_us):.1f} us ({np.median(dead_us) / (gap * 1e6):.2f} plain tokens), "
               f"p90 {np.percentile(dead_us, 90):.1f} us, over {len(dead_us)} switches")
+        stamps = SeamStamps(backend)  # (last: its stamps stay in the launches' way)
+        split: dict[str, list[float]] = {piece: [] for piece in PIECES}
+        for _ in range(args.runs):
+            stamps.reset()
+            toks = decode(backend, args.positions, True, prompt, args.tokens)
+            assert toks == ref, f"{name}: the stamped switching decode's tokens differ from the plain decode's"
+            for piece, us in stamps.pieces().items():
+                split[piece].extend(us)
+        total = np.sum([split[piece] for piece in PIECES], axis=0)
+        print(f"  a switch, split (median us over {len(total)}; {np.median(total):.1f} in all with the stamps): "
+              + ", ".join(f"{piece} {np.median(split[piece]):.1f}" for piece in PIECES))
         backend.close()
 
 
