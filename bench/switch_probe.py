@@ -43,7 +43,7 @@ class SeamStamps:
     two buffer fills), `params` (the parameter block's copy), `hand-over` (the hand-over kernel, and the new
     launch's queueing ahead of it) and `head` (the new kernel's start and its first step)."""
 
-    def __init__(self, backend: CudaBackend) -> None:
+    def __init__(self, backend: CudaBackend, positions: int) -> None:
         cp = backend.cp
         self.backend, self.cp = backend, cp
         self.kernel = cp.RawKernel(_STAMP_SRC, "kog_probe_stamp")
@@ -66,6 +66,7 @@ class SeamStamps:
             return st
 
         backend._fill_params, backend._finish = stamped_fill, kept_finish
+        backend.draft_positions = positions
         for kernel in (backend._main, backend._drafts_kernel()):
             kernel.function = self._stamped_launch(kernel.function)
 
@@ -147,7 +148,7 @@ def main() -> None:
               f"{np.median(rates['switching']):.1f} tok/s, {int(np.median(launches))} launches; a switch's dead time "
               f"median {np.median(dead_us):.1f} us ({np.median(dead_us) / (gap * 1e6):.2f} plain tokens), "
               f"p90 {np.percentile(dead_us, 90):.1f} us, over {len(dead_us)} switches")
-        stamps = SeamStamps(backend)  # (last: its stamps stay in the launches' way)
+        stamps = SeamStamps(backend, args.positions)  # (last: its stamps stay in the launches' way)
         split: dict[str, list[float]] = {piece: [] for piece in PIECES}
         for _ in range(args.runs):
             stamps.reset()
