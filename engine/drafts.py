@@ -17,8 +17,9 @@ from __future__ import annotations
 
 NGRAM = 4  # the longest suffix a draft matches (kernels: DRAFT_NGRAM)
 MIN_MATCH = 2  # a draft needs this many of the last tokens matched (kernels: DRAFT_MIN_MATCH)
-# (4, 4) of the rules timed on SmolLM2's real replies (PERF.md session 72): free prose 1.05-1.09x the plain decode
-# ((3, 3): 1.00-1.02x), the agent's own reply 1.69x ((3, 6): 1.71-1.72x; the drafts' build throughout: 1.75-1.77x)
+# (4, 4) of the rules timed on SmolLM2's real replies with a switch's ~26 us (PERF.md session 75): free prose 1.12x
+# the plain decode ((3, 3), (3, 6): 1.09x; (2, 4): 1.03x), the agent's own reply 1.72-1.73x ((3, 6): 1.75x, the
+# drafts' build throughout 1.76x); the other three within 0.02x of the best rule
 COPY_MATCH = 4  # the plain build hands over where the context's last this-many tokens occurred before
 DRY_PASSES = 4  # the drafts' build hands back after this many passes in a row that kept no draft token
 
