@@ -40,15 +40,14 @@ class SeamStamps:
     """Splits each switch's dead time (bench only): tiny kernels that stamp the GPU's clock are queued among the
     launches' own work, and the launches' first and last token stamps are kept. Between the stopped launch's last
     token and the next launch's repeated first one: `tail` (the stopped kernel's exit), `fills` (its successor's
-    two buffer fills), `params` (the parameter block's copy), `hand-over` (the hand-over kernel, and the new
-    launch's queueing ahead of it) and `head` (the new kernel's start and its first step)."""
+    two buffer fills), `params` (the parameter block's copy), `hand-over` (the hand-over kernel) and `head` (the
+    new kernel's start and its first step). Each piece also holds one stamp kernel's own few us."""
 
     def __init__(self, backend: CudaBackend, positions: int) -> None:
-        cp = backend.cp
-        self.backend, self.cp = backend, cp
-        self.kernel = cp.RawKernel(_STAMP_SRC, "kog_probe_stamp")
-        self.at = cp.zeros(4096, dtype=cp.uint64)
-        self.stamps: list[tuple[str, int]] = []  # (what, index into `at`), in stream order
+        self.backend = backend
+        self.kernel = backend.cp.RawKernel(_STAMP_SRC, "kog_probe_stamp")
+        self.at = backend.cp.zeros(4096, dtype=backend.cp.uint64)
+        self.stamps: list[str] = []  # in stream order: B, C before and after a parameter copy; D, A a launch
         self.tokens: list[tuple[int, int]] = []  # each launch's first and last token stamps
         fill, finish = backend._fill_params, backend._finish
 
@@ -72,7 +71,7 @@ class SeamStamps:
 
     def _stamp(self, what: str) -> None:
         self.kernel((1,), (1,), (self.at[len(self.stamps) :],), stream=self.backend.stream)
-        self.stamps.append((what, len(self.stamps)))
+        self.stamps.append(what)
 
     def _stamped_launch(self, function):
         def launch(*args, **kwargs):
@@ -89,7 +88,7 @@ class SeamStamps:
         """The last decode's switches, each split into PIECES (us)."""
         at = self.at[: len(self.stamps)].get().astype(np.int64)
         launches = [at[i : i + 4] for i in range(0, len(self.stamps), 4)]  # each launch's B, C, D, A
-        assert [w for w, _ in self.stamps] == ["B", "C", "D", "A"] * len(launches)
+        assert self.stamps == ["B", "C", "D", "A"] * len(launches)
         out: dict[str, list[float]] = {p: [] for p in PIECES}
         for k in range(len(self.tokens) - 1):
             (_, last), (first, _) = self.tokens[k], self.tokens[k + 1]
