@@ -24,15 +24,13 @@ import numpy as np
 from bench.lookup_acceptance import decode_rate
 from bench.random_models import build_hf, loaded_model, random_prompt
 from engine import drafts
-from engine.backends.cuda import CudaBackend
+from engine.backends.cuda import KERNEL_DIR, CudaBackend
 from engine.sampling import SamplingParams
 
 _STAMP_SRC = r"""
-extern "C" __global__ void kog_probe_stamp(unsigned long long* at) {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-    *at = t;
-}"""
+#include "portability.cuh"
+extern "C" __global__ void kog_probe_stamp(kog_u64* at) { *at = kog_clock_ns(); }
+"""
 PIECES = ("tail", "fills", "params", "hand-over", "head")
 
 
@@ -45,7 +43,8 @@ class SeamStamps:
 
     def __init__(self, backend: CudaBackend, positions: int) -> None:
         self.backend = backend
-        self.kernel = backend.cp.RawKernel(_STAMP_SRC, "kog_probe_stamp")
+        self.kernel = backend.cp.RawKernel(_STAMP_SRC, "kog_probe_stamp",
+                                           options=("-std=c++17", f"--include-path={KERNEL_DIR}"))
         self.at = backend.cp.zeros(4096, dtype=backend.cp.uint64)
         self.stamps: list[str] = []  # in stream order: B, C before and after a parameter copy; D, A a launch
         self.tokens: list[tuple[int, int]] = []  # each launch's first and last token stamps
