@@ -164,7 +164,7 @@ VARIANTS = {
     "no-ring-stamps": {"KOG_TRACE_RING": "0"},  # (for --trace) the refills unstamped: what the stamps cost the products
     "release-clock": {"KOG_RELEASE_CLOCK": "1"},  # cycles a warp spends releasing held refills at each product's start
     "hop-copies-1": {"KOG_HOP_COPIES": "1"},  # the vectors that cross blocks in one copy, not one per L2 partition
-    **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in (2, 3, 5)},  # the drafts' build as the main one: n positions a pass
+    **{f"npos-{n}": {"KOG_NPOS": str(n)} for n in range(2, 9)},  # the drafts' build as the main one: n positions a pass
     **{f"draft-match-{n}": {"KOG_DRAFT_MIN_MATCH": str(n)} for n in (1, 3)},  # (with npos-n) a draft needs n tokens matched (default 2)
     "draft-never": {"KOG_DRAFT_MIN_MATCH": "5"},  # (with npos-n) no pass drafts: what a one-position pass of that build costs
     "draft-always": {"KOG_DRAFT_ALWAYS": "1"},  # (with npos-n) every pass drafts n - 1 tokens: what an n-position pass costs
@@ -172,6 +172,7 @@ VARIANTS = {
     # only (garbage tokens): what the other positions' math costs a pass
     "no-draft-code": {"KOG_EXP": "16"},  # (with npos-n) no draft search, no n-position code: what the build's layouts cost
     "no-draft-search": {"KOG_EXP": "17"},  # (with npos-n) no draft search, the n-position code built, never run
+    "fma-products": {"KOG_MMA": "0"},  # (with npos-n) every product in FMAs (the default where H < 1024)
     "mma-lm-head": {"KOG_MMA": "1"},  # (with npos-n) the LM head's bf16 rows on the tensor cores
     "mma-layers": {"KOG_MMA": "2"},  # (with npos-n) those, gate/up and down on the tensor cores
     **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills

@@ -32,25 +32,50 @@ from agent.workloads import PROMPTS
 from engine import drafts
 from engine.api import load
 from engine.backends import create_backend
-from engine.drafts import MIN_MATCH, NGRAM, ContextDrafts
+from engine.drafts import MIN_MATCH, NGRAM, BuildSwitch, ContextDrafts
 from engine.session import Session
 from engine.sampling import SamplingParams
 
 
 def passes(prompt: list[int], generated: list[int], k: int, ngram: int = NGRAM, min_match: int = MIN_MATCH) -> tuple[int, int, int]:
     """(passes, passes with a draft, passes whose draft's first token was wrong) to decode `generated`."""
+    n = replay(prompt, generated, k + 1, None, ngram, min_match)
+    return n["without"] + n["drafted"], n["drafted"], n["missed"]
+
+
+def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[int, int] | None,
+           ngram: int = NGRAM, min_match: int = MIN_MATCH) -> dict[str, int]:
+    """The passes a drafted decode of `generated` takes, by kind: plain tokens, the drafts' build's passes without a
+    draft, with one (`drafted`; `missed`: their first draft token was wrong), and the switches between the builds.
+    The drafts' build throughout (`rule` None), or switching builds as engine/drafts.py's BuildSwitch says under
+    (COPY_MATCH, DRY_PASSES) = `rule`, from the plain build (a switch leaves at a pass's end)."""
     context, done = ContextDrafts(prompt, ngram, min_match), 0
-    count = drafted = missed = 0
-    while done < len(generated):
-        guess = context.draft(k)
-        kept = 0
-        while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
-            kept += 1
-        step = min(kept + 1, len(generated) - done)  # the kept drafts and the pass's own token
-        context.extend(generated[done : done + step])
-        done += step
-        count, drafted, missed = count + 1, drafted + bool(guess), missed + (bool(guess) and kept == 0)
-    return count, drafted, missed
+    counts = dict(plain=0, without=0, drafted=0, missed=0, switches=0)
+    drafting = rule is None
+    switch = BuildSwitch(ContextDrafts(prompt, ngram, min_match), positions) if rule else None
+    saved = drafts.COPY_MATCH, drafts.DRY_PASSES
+    try:
+        if rule:
+            drafts.COPY_MATCH, drafts.DRY_PASSES = rule
+            switch.start(drafting=False)
+        while done < len(generated):
+            guess = context.draft(positions - 1) if drafting else []
+            kept = 0
+            while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
+                kept += 1
+            step = min(kept + 1, len(generated) - done)  # the kept drafts and the pass's own token
+            counts["drafted" if guess else "without" if drafting else "plain"] += 1
+            counts["missed"] += bool(guess) and kept == 0
+            leave = [switch.seen(t) for t in generated[done : done + step]][-1] if rule else False
+            context.extend(generated[done : done + step])
+            done += step
+            if leave and done < len(generated):
+                drafting = not drafting
+                switch.start(drafting)
+                counts["switches"] += 1
+    finally:
+        drafts.COPY_MATCH, drafts.DRY_PASSES = saved
+    return counts
 
 
 def decode_rate(backend) -> float:

@@ -102,7 +102,7 @@
 #define KOG_HOP_COPIES 2  // below; engine/backends/l2_sides.py maps them), or 1 (one copy, wherever its lines are homed)
 #endif
 #ifndef KOG_MMA  // the drafts' build: which products run on the tensor cores (Mv::MMA): 0 none, 1 the LM head's bf16 rows,
-#define KOG_MMA 0  // 2 those and gate/up and down (MMA_PRODUCTS below)
+#define KOG_MMA -1  // 2 those and gate/up and down; -1 by shape (MMA_PRODUCTS below)
 #endif
 #ifndef KOG_NPOS  // positions a pass: 1 the plain decode; n > 1 a pass checks n - 1 draft tokens copied from the context
 #define KOG_NPOS 1  // (greedy only; the tokens are the plain decode's: decode.cu, drafts)
@@ -446,12 +446,14 @@ __host__ __device__ constexpr int mma_strips(int tiles, int nch, int nw, int max
     return best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
-// Which products of the drafts' build run on the tensor cores (KOG_MMA's codes; none by default). Their math costs
-// little there, but their granules stream slower than the FMA products' (PERF.md session 67, H100): gate/up, down and
-// the LM head on them made Llama's five-position passes 10% faster and its passes without a draft 11% slower. The LM
-// head alone: Llama's five-position passes 0.1-4% faster, those without a draft even; Qwen2.5's without a draft 2.5%
-// slower (its ring slots grow to 2 KB), SmolLM2's 3.7% slower.
-constexpr int MMA_PRODUCTS = KOG_MMA;
+// Which products of the drafts' build run on the tensor cores (KOG_MMA's codes). Their math costs little there, but
+// their granules stream slower than the FMA products' (PERF.md session 67): gate/up, down and the LM head on them make
+// a five-position pass 12-26% faster and a pass without a draft 14-16% slower (H100, session 76: Llama-3.2-1B,
+// Qwen3-1.7B, Qwen2.5-1.5B). A drafted decode runs the plain build where the text copies nothing (engine/drafts.py),
+// so ~75% of the drafts' build's passes draft (SmolLM2's real replies, 16 prompts), past the 19-42% where the tensor
+// cores break even: on by default but on the smallest shapes, whose passes are latency chains (SmolLM2-135M: a
+// five-position pass 5% faster, one without a draft 14% slower).
+constexpr int MMA_PRODUCTS = KOG_MMA >= 0 ? KOG_MMA : H >= 1024 ? 2 : 0;
 template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0, int MMA_FROM = 3>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
              // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8 > 0: rows of 2K int8 weights, each

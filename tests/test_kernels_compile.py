@@ -48,9 +48,9 @@ TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
                                                       "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b", "qwen3-8b")}
 
-# ... with its knobs' other paths (kernels/decode_common.cuh): gate/up, down and the LM head on the tensor cores,
-# the long gathers' pairs held in registers.
-DRAFTS_KNOBS = DRAFTS["llama-3.2-1b-instruct"] | {"KOG_MMA": "2", "KOG_GATHER_TO_XS": "0"}
+# ... with its knobs' other paths (kernels/decode_common.cuh): every product in FMAs where the shape's default takes
+# the tensor cores, the long gathers' pairs held in registers.
+DRAFTS_KNOBS = DRAFTS["llama-3.2-1b-instruct"] | {"KOG_MMA": "0", "KOG_GATHER_TO_XS": "0"}
 
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
          + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)] + [("decode.cu", d) for d in DRAFTS.values()]

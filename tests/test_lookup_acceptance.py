@@ -1,10 +1,11 @@
-"""bench/lookup_acceptance.py: the pass count keeps drafts only up to their first wrong token."""
+"""bench/lookup_acceptance.py: the pass count keeps drafts only up to their first wrong token; a replay that switches
+builds counts what each build runs."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from bench.lookup_acceptance import passes
+from bench.lookup_acceptance import passes, replay
 
 
 def test_a_copied_span_takes_a_pass_every_k_plus_one_tokens_and_new_tokens_one_each():
@@ -20,3 +21,19 @@ def test_a_copied_span_takes_a_pass_every_k_plus_one_tokens_and_new_tokens_one_e
     # tokens that occur nowhere before: no draft, one token a pass
     fresh = [2000 + int(t) for t in rng.permutation(100)[:30]]
     assert passes(prompt, fresh, k=4, ngram=4) == (30, 0, 0)
+
+
+def test_a_switching_replay_counts_each_build_s_passes():
+    rng = np.random.default_rng()
+    span = [int(t) for t in rng.permutation(1000)[:40] + 10]
+    prompt = span + [1, 2]
+    reply = [2000 + int(t) for t in rng.permutation(100)[:12]] + span
+    # a plain build that never hands over: one plain token a pass, no switch
+    assert replay(prompt, reply, 5, (10**6, 4)) == dict(plain=len(reply), without=0, drafted=0, missed=0, switches=0)
+    # one that hands over after its first token to a drafts' build that never hands back: the drafts' build's
+    # passes over the rest of the reply, as if it had run throughout from there
+    n = replay(prompt, reply, 5, (0, 10**6))
+    rest = replay(prompt + reply[:1], reply[1:], 5, None)
+    assert (n["plain"], n["switches"]) == (1, 1) and (n["without"], n["drafted"], n["missed"]) == (
+        rest["without"], rest["drafted"], rest["missed"])
+    assert rest["drafted"] > 0 and rest["without"] > 0

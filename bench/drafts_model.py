@@ -1,0 +1,155 @@
+"""What a drafted decode would gain at given pass costs, on real replies (no GPU).
+
+A drafted decode's speed is its passes' costs times how many passes of each kind a reply takes: plain tokens,
+the drafts' build's passes without a draft and with one, and the switches between the builds. The counts depend
+only on the reply's tokens, so the greedy replies of the default model (the CPU reference decodes them) replayed
+through the draft rule and engine/drafts.py's `BuildSwitch` give them exactly; the costs come from the GPU
+(`bench/decode_breakdown.py --trace none --variants npos-5+draft-never,npos-5+draft-always` and a plain token).
+This prices a change of the drafts' build (its passes' costs, say the tensor cores' `KOG_MMA`) for the shapes
+whose real weights are not on the GPU machine, and a switching rule, before any GPU time goes to them.
+
+    python bench/drafts_model.py --costs 802,960,1895,34 --costs 802,1117,1676,34 [--more] [--rules 4:4,3:6]
+
+Each --costs is PLAIN,WITHOUT,WITH,SWITCH in any one unit (us): a plain token, a pass of the drafts' build without
+a draft and with one, a switch's dead time. --more adds eleven prompts to kog bench's five (agent/workloads.py).
+It prints, for each prompt, the rate against the plain decode's: the drafts' build throughout, then each rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from agent import prompts
+from agent.workloads import PROMPTS
+from bench.lookup_acceptance import replay
+from engine import drafts
+from engine.api import load
+from engine.backends import DEFAULT_DRAFTS, create_backend
+from engine.sampling import SamplingParams
+from engine.session import Session
+
+SIZES = '''def parse_size(text):
+    """'10k' -> 10240, '3M' -> 3145728, '512' -> 512."""
+    units = {"k": 1024, "m": 1024 ** 2, "g": 1024 ** 3}
+    text = text.strip().lower()
+    if not text:
+        raise ValueError("empty size")
+    if text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def format_size(n):
+    for unit in ("", "K", "M", "G"):
+        if n < 1024:
+            return f"{n:.0f}{unit}"
+        n /= 1024
+    return f"{n:.1f}T"
+'''
+STACK = '''class Stack:
+    def __init__(self):
+        self._items = []
+
+    def push(self, item):
+        self._items.append(item)
+
+    def pop(self):
+        if not self._items:
+            raise IndexError("pop from empty stack")
+        return self._items.pop()
+
+    def peek(self):
+        if not self._items:
+            raise IndexError("peek at empty stack")
+        return self._items[-1]
+
+    def __len__(self):
+        return len(self._items)
+
+    def is_empty(self):
+        return len(self._items) == 0
+'''
+REPORT = '''import csv
+
+
+def load_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def total_by(rows, key, value):
+    totals = {}
+    for row in rows:
+        totals[row[key]] = totals.get(row[key], 0) + float(row[value])
+    return totals
+
+
+def top(totals, n=3):
+    return sorted(totals.items(), key=lambda kv: kv[1], reverse=True)[:n]
+'''
+
+
+def _agent_task(test: str, failure: str, name: str, code: str) -> tuple[str, str]:
+    return (prompts.system(allow_shell=False, allow_test_edits=False),
+            f"The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
+            f"Output:\nFAILED {test} - {failure}\n\n--- {name}\n{code}")
+
+
+MORE = {  # name: (system message or None, user message); the first letter says the kind, as in PROMPTS
+    "write-2": (None, "Write a Python class for a simple LRU cache with get and put."),
+    "write-3": (None, "Explain the difference between a list and a tuple in Python."),
+    "explain-2": (None, f"Explain this code.\n```python\n{REPORT}```"),
+    "rename-2": (None, f"Here is a file:\n```python\n{SIZES}```\nAdd type hints to both functions and output the whole file."),
+    "rename-3": (None, f"Here is a file:\n```python\n{STACK}```\nRename the class `Stack` to `LifoStack` and output the whole file."),
+    "rename-4": (None, f"Here is a file:\n```python\n{REPORT}```\nAdd a docstring to every function and output the whole file."),
+    "tests-2": (None, f"Write pytest tests for these functions.\n```python\n{SIZES}```"),
+    "tests-3": (None, f"Write pytest tests for this class.\n```python\n{STACK}```"),
+    "agent-2": _agent_task("tests/test_size.py::test_parse_kilo", "assert 10000 == 10240", "size.py",
+                           SIZES.replace('"k": 1024,', '"k": 1000,')),
+    "agent-3": _agent_task("tests/test_stack.py::test_peek", "assert 1 == 3", "stack.py",
+                           STACK.replace("return self._items[-1]", "return self._items[0]")),
+    "agent-4": _agent_task("tests/test_report.py::test_top", "assert [('b', 1.0)] == [('a', 5.0)]", "report.py",
+                           REPORT.replace("reverse=True", "reverse=False")),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--costs", action="append", required=True, metavar="PLAIN,WITHOUT,WITH,SWITCH")
+    parser.add_argument("--positions", type=int, default=DEFAULT_DRAFTS, help="positions a pass of the drafts' build")
+    parser.add_argument("--rules", default=f"{drafts.COPY_MATCH}:{drafts.DRY_PASSES}", metavar="COPY:DRY,...")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--more", action="store_true", help="eleven prompts more than kog bench's five")
+    args = parser.parse_args()
+    try:
+        costs = [tuple(float(x) for x in c.split(",")) for c in args.costs]
+        rules = [tuple(int(n) for n in r.split(":")) for r in args.rules.split(",")]
+    except ValueError:
+        parser.error("--costs takes four numbers, --rules COPY:DRY pairs")
+    if any(len(c) != 4 for c in costs) or any(len(r) != 2 for r in rules):
+        parser.error("--costs takes four numbers, --rules COPY:DRY pairs")
+    model = load(None)
+    backend = create_backend(model, "cpu", 4096)
+    replies = {}
+    for name, (system, text) in (PROMPTS | (MORE if args.more else {})).items():
+        backend.truncate(0)
+        session = Session(model, backend, system=system)
+        prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}],
+                                             add_generation_prompt=True)
+        replies[name] = prompt, [e.id for e in session.send(text, SamplingParams(), max_tokens=args.tokens)]
+    for plain, without, drafted, switch in costs:
+        print(f"costs: plain {plain:g}, a pass without a draft {without:g}, with one {drafted:g}, a switch {switch:g}")
+        for rule in [None] + rules:
+            rates = {}
+            for name, (prompt, reply) in replies.items():
+                n = replay(prompt, reply, args.positions, rule)
+                time = n["plain"] * plain + n["without"] * without + n["drafted"] * drafted + n["switches"] * switch
+                rates[name] = len(reply) * plain / time
+            geo = math.exp(sum(map(math.log, rates.values())) / len(rates))
+            label = f"switching {rule}" if rule else "drafts' build throughout"
+            print(f"  {label:24s} all {geo:.3f}x: " + ", ".join(f"{k} {v:.2f}x" for k, v in rates.items()))
+
+
+if __name__ == "__main__":
+    main()
