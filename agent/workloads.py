@@ -40,15 +40,20 @@ class Inventory:
         self.path.write_text(json.dumps(self.items, indent=2))
 '''
 
+
+def agent_task(test: str, failure: str, name: str, code: str) -> tuple[str, str]:
+    """`kog agent`'s first step on a repository whose test `test` fails with `failure`: (system, user) messages,
+    with the file `name` holding `code`."""
+    return (prompts.system(allow_shell=False, allow_test_edits=False),
+            "The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
+            f"Output:\nFAILED {test} - {failure}\n\n--- {name}\n{code}")
+
+
 PROMPTS = {  # name: (system message or None, user message)
     "write": (None, "Write a Python function that reverses a list."),
     "explain": (None, f"Explain what this code does, method by method.\n```python\n{CODE}```"),
     "rename": (None, f"Here is a file:\n```python\n{CODE}```\nRename the method `total` to `count_all` and output the whole file."),
     "tests": (None, f"Write pytest tests for this class.\n```python\n{CODE}```"),
-    "agent": (
-        prompts.system(allow_shell=False, allow_test_edits=False),
-        "The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
-        "Output:\nFAILED tests/test_inventory.py::test_remove_too_many - DID NOT RAISE ValueError\n\n"
-        f"--- inventory.py\n{CODE.replace('if count > have:', 'if count > have + 1:')}",
-    ),
+    "agent": agent_task("tests/test_inventory.py::test_remove_too_many", "DID NOT RAISE ValueError", "inventory.py",
+                        CODE.replace("if count > have:", "if count > have + 1:")),
 }

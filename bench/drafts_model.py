@@ -20,8 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from agent import prompts
-from agent.workloads import PROMPTS
+from agent.workloads import PROMPTS, agent_task
 from bench.lookup_acceptance import replay
 from engine import drafts
 from engine.api import load
@@ -90,12 +89,6 @@ def top(totals, n=3):
 '''
 
 
-def _agent_task(test: str, failure: str, name: str, code: str) -> tuple[str, str]:
-    return (prompts.system(allow_shell=False, allow_test_edits=False),
-            f"The tests fail. Make them pass by changing the code.\nTest command: pytest -q\nResult: 1 failed\n"
-            f"Output:\nFAILED {test} - {failure}\n\n--- {name}\n{code}")
-
-
 MORE = {  # name: (system message or None, user message); the first letter says the kind, as in PROMPTS
     "write-2": (None, "Write a Python class for a simple LRU cache with get and put."),
     "write-3": (None, "Explain the difference between a list and a tuple in Python."),
@@ -105,12 +98,12 @@ MORE = {  # name: (system message or None, user message); the first letter says 
     "rename-4": (None, f"Here is a file:\n```python\n{REPORT}```\nAdd a docstring to every function and output the whole file."),
     "tests-2": (None, f"Write pytest tests for these functions.\n```python\n{SIZES}```"),
     "tests-3": (None, f"Write pytest tests for this class.\n```python\n{STACK}```"),
-    "agent-2": _agent_task("tests/test_size.py::test_parse_kilo", "assert 10000 == 10240", "size.py",
-                           SIZES.replace('"k": 1024,', '"k": 1000,')),
-    "agent-3": _agent_task("tests/test_stack.py::test_peek", "assert 1 == 3", "stack.py",
-                           STACK.replace("return self._items[-1]", "return self._items[0]")),
-    "agent-4": _agent_task("tests/test_report.py::test_top", "assert [('b', 1.0)] == [('a', 5.0)]", "report.py",
-                           REPORT.replace("reverse=True", "reverse=False")),
+    "agent-2": agent_task("tests/test_size.py::test_parse_kilo", "assert 10000 == 10240", "size.py",
+                          SIZES.replace('"k": 1024,', '"k": 1000,')),
+    "agent-3": agent_task("tests/test_stack.py::test_peek", "assert 1 == 3", "stack.py",
+                          STACK.replace("return self._items[-1]", "return self._items[0]")),
+    "agent-4": agent_task("tests/test_report.py::test_top", "assert [('b', 1.0)] == [('a', 5.0)]", "report.py",
+                          REPORT.replace("reverse=True", "reverse=False")),
 }
 
 
@@ -136,7 +129,7 @@ def main() -> None:
         backend.truncate(0)
         session = Session(model, backend, system=system)
         prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}],
-                                             add_generation_prompt=True)
+                                            add_generation_prompt=True)
         replies[name] = prompt, [e.id for e in session.send(text, SamplingParams(), max_tokens=args.tokens)]
     for plain, without, drafted, switch in costs:
         print(f"costs: plain {plain:g}, a pass without a draft {without:g}, with one {drafted:g}, a switch {switch:g}")
