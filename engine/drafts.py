@@ -6,7 +6,7 @@ NGRAM down to MIN_MATCH that occurs (kernels/decode.cu `draft_search` runs the s
 for each token whatever the context's length.
 
 The drafts' build of the kernel runs a pass without a draft at ~1.16x a plain token on SmolLM2 (PERF.md session
-70) and ~1.4x on the larger shapes, whose drafts' build multiplies on the tensor cores (session 76): where the text
+70) and ~1.4x on the 1-2B shapes, whose drafts' build multiplies on the tensor cores (session 76): where the text
 copies nothing the plain build is faster. `BuildSwitch` watches the tokens as they come and
 says when to leave the build that runs: the plain build where the context's last COPY_MATCH tokens occurred
 before (the text starts to copy), the drafts' build after DRY_PASSES passes in a row that kept no draft token
