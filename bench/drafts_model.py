@@ -21,12 +21,10 @@ import argparse
 import math
 
 from agent.workloads import PROMPTS, agent_task
-from bench.lookup_acceptance import replay
+from bench.lookup_acceptance import greedy_reply, replay
 from engine import drafts
 from engine.api import load
 from engine.backends import DEFAULT_DRAFTS, create_backend
-from engine.sampling import SamplingParams
-from engine.session import Session
 
 SIZES = '''def parse_size(text):
     """'10k' -> 10240, '3M' -> 3145728, '512' -> 512."""
@@ -118,19 +116,14 @@ def main() -> None:
     try:
         costs = [tuple(float(x) for x in c.split(",")) for c in args.costs]
         rules = [tuple(int(n) for n in r.split(":")) for r in args.rules.split(",")]
+        if any(len(c) != 4 for c in costs) or any(len(r) != 2 for r in rules):
+            raise ValueError
     except ValueError:
-        parser.error("--costs takes four numbers, --rules COPY:DRY pairs")
-    if any(len(c) != 4 for c in costs) or any(len(r) != 2 for r in rules):
         parser.error("--costs takes four numbers, --rules COPY:DRY pairs")
     model = load(None)
     backend = create_backend(model, "cpu", 4096)
-    replies = {}
-    for name, (system, text) in (PROMPTS | (MORE if args.more else {})).items():
-        backend.truncate(0)
-        session = Session(model, backend, system=system)
-        prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}],
-                                            add_generation_prompt=True)
-        replies[name] = prompt, [e.id for e in session.send(text, SamplingParams(), max_tokens=args.tokens)]
+    replies = {name: greedy_reply(model, backend, system, text, args.tokens)
+               for name, (system, text) in (PROMPTS | (MORE if args.more else {})).items()}
     for plain, without, drafted, switch in costs:
         print(f"costs: plain {plain:g}, a pass without a draft {without:g}, with one {drafted:g}, a switch {switch:g}")
         for rule in [None] + rules:

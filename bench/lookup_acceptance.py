@@ -78,6 +78,15 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
     return counts
 
 
+def greedy_reply(model, backend, system: str | None, text: str, tokens: int) -> tuple[list[int], list[int]]:
+    """(prompt, reply): the chat prompt of `text` after `system`, and its greedy reply of at most `tokens` tokens,
+    decoded by `backend` from an empty cache."""
+    backend.truncate(0)
+    session = Session(model, backend, system=system)
+    prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}], add_generation_prompt=True)
+    return prompt, [event.id for event in session.send(text, SamplingParams(), max_tokens=tokens)]
+
+
 def decode_rate(backend) -> float:
     """Tokens a second of the last decode, from the kernel's own token stamps (first to last token)."""
     t = backend.token_times_ns.astype(np.float64)
@@ -118,10 +127,7 @@ def main() -> None:
         backend = create_backend(model, args.device, 4096)
     rates = []
     for name, (system, text) in PROMPTS.items():
-        backend.truncate(0)
-        session = Session(model, backend, system=system)
-        prompt = model.tokenizer.encode_chat(session.conversation() + [{"role": "user", "content": text}], add_generation_prompt=True)
-        generated = [event.id for event in session.send(text, SamplingParams(), max_tokens=args.tokens)]
+        prompt, generated = greedy_reply(model, backend, system, text, args.tokens)
         if args.positions > 1:
             plain = decode_rate(backend)
             backend.draft_positions = args.positions
