@@ -21,7 +21,7 @@ import argparse
 import math
 
 from agent.workloads import PROMPTS, agent_task
-from bench.lookup_acceptance import greedy_reply, replay
+from bench.lookup_acceptance import greedy_reply, parse_rules, replay
 from engine import drafts
 from engine.api import load
 from engine.backends import DEFAULT_DRAFTS, create_backend
@@ -114,12 +114,12 @@ def main() -> None:
     parser.add_argument("--more", action="store_true", help="eleven prompts more than kog bench's five")
     args = parser.parse_args()
     try:
+        rules = parse_rules(args.rules)
         costs = [tuple(float(x) for x in c.split(",")) for c in args.costs]
-        rules = [tuple(int(n) for n in r.split(":")) for r in args.rules.split(",")]
-        if any(len(c) != 4 for c in costs) or any(len(r) != 2 for r in rules):
+        if any(len(c) != 4 for c in costs):
             raise ValueError
-    except ValueError:
-        parser.error("--costs takes four numbers, --rules COPY:DRY pairs")
+    except ValueError as e:
+        parser.error(str(e) if str(e) else "--costs takes four numbers")
     model = load(None)
     backend = create_backend(model, "cpu", 4096)
     replies = {name: greedy_reply(model, backend, system, text, args.tokens)

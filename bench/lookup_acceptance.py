@@ -78,6 +78,17 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
     return counts
 
 
+def parse_rules(text: str) -> list[tuple[int, int]]:
+    """"COPY:DRY,..." as (COPY_MATCH, DRY_PASSES) pairs; ValueError unless COPY is a match length the draft rule can
+    report (MIN_MATCH .. NGRAM: past NGRAM the plain build would never hand over) and DRY is at least 1."""
+    if not re.fullmatch(r"\d+:\d+(,\d+:\d+)*", text):
+        raise ValueError("--rules takes COPY:DRY pairs of integers, comma-separated")
+    rules = [(int(c), int(d)) for c, d in (rule.split(":") for rule in text.split(","))]
+    if any(not MIN_MATCH <= c <= NGRAM or d < 1 for c, d in rules):
+        raise ValueError(f"--rules: COPY runs from {MIN_MATCH} to {NGRAM}, DRY from 1")
+    return rules
+
+
 def greedy_reply(model, backend, system: str | None, text: str, tokens: int) -> tuple[list[int], list[int]]:
     """(prompt, reply): the chat prompt of `text` after `system`, and its greedy reply of at most `tokens` tokens,
     decoded by `backend` from an empty cache."""
@@ -109,9 +120,10 @@ def main() -> None:
     args = parser.parse_args()
     if any(not re.fullmatch(r"KOG_\w+=-?\d+", d) for d in args.define):
         parser.error("--define takes KOG_NAME=INTEGER")
-    if not re.fullmatch(r"\d+:\d+(,\d+:\d+)*", args.rules):
-        parser.error("--rules takes COPY:DRY pairs of integers, comma-separated")
-    rules = [tuple(int(n) for n in rule.split(":")) for rule in args.rules.split(",")]
+    try:
+        rules = parse_rules(args.rules)
+    except ValueError as e:
+        parser.error(str(e))
     ks = [int(k) for k in args.drafts.split(",")]
     model = load(args.model)
     totals = {k: [0, 0] for k in ks}

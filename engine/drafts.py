@@ -6,8 +6,8 @@ NGRAM down to MIN_MATCH that occurs (kernels/decode.cu `draft_search` runs the s
 for each token whatever the context's length.
 
 The drafts' build of the kernel runs a pass without a draft at ~1.16x a plain token on SmolLM2 (PERF.md session
-70) and ~1.4x on the 1-2B shapes, whose drafts' build multiplies on the tensor cores (session 76): where the text
-copies nothing the plain build is faster. `BuildSwitch` watches the tokens as they come and
+70) and 1.14-1.39x from H = 1,024 up, where the drafts' build multiplies on the tensor cores (sessions 76-77): where
+the text copies nothing the plain build is faster. `BuildSwitch` watches the tokens as they come and
 says when to leave the build that runs: the plain build where the context's last COPY_MATCH tokens occurred
 before (the text starts to copy), the drafts' build after DRY_PASSES passes in a row that kept no draft token
 (it stopped copying). It replays the drafts' build's passes from the tokens alone: a pass keeps its draft's
@@ -21,7 +21,8 @@ MIN_MATCH = 2  # a draft needs this many of the last tokens matched (kernels: DR
 # (4, 4) of the rules timed on SmolLM2's real replies with a switch's ~26 us (PERF.md session 75): free prose 1.12x
 # the plain decode ((3, 3), (3, 6): 1.09x; (2, 4): 1.03x), the agent's own reply 1.72-1.73x ((3, 6): 1.75x, the
 # drafts' build throughout 1.76x); the other three within 0.02x of the best rule. With the larger shapes' pass costs
-# (bench/drafts_model.py, session 76) it stays within 0.3% of the best of eight rules.
+# (bench/drafts_model.py, sessions 76-77) it stays within 0.3% (1-2B) and 0.8% (3-7B: (3, 3) best) of the best of
+# eight rules, inside the model's error.
 COPY_MATCH = 4  # the plain build hands over where the context's last this-many tokens occurred before
 DRY_PASSES = 4  # the drafts' build hands back after this many passes in a row that kept no draft token
 

@@ -1,11 +1,13 @@
 """bench/lookup_acceptance.py: the pass count keeps drafts only up to their first wrong token; a replay that switches
-builds counts what each build runs."""
+builds counts what each build runs; switching rules the draft rule cannot trigger are refused."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from bench.lookup_acceptance import passes, replay
+from bench.lookup_acceptance import parse_rules, passes, replay
+from engine.drafts import MIN_MATCH, NGRAM
 
 
 def test_a_copied_span_takes_a_pass_every_k_plus_one_tokens_and_new_tokens_one_each():
@@ -37,3 +39,12 @@ def test_a_switching_replay_counts_each_build_s_passes():
     assert (n["plain"], n["switches"]) == (1, 1) and (n["without"], n["drafted"], n["missed"]) == (
         rest["without"], rest["drafted"], rest["missed"])
     assert rest["drafted"] > 0 and rest["without"] > 0
+
+
+def test_switching_rules_parse_within_the_draft_rule_s_match_lengths():
+    assert parse_rules(f"{NGRAM}:4,{MIN_MATCH}:1") == [(NGRAM, 4), (MIN_MATCH, 1)]
+    # a copy longer than NGRAM is never reported (the plain build would never hand over); a dry count of 0 would
+    # hand back after every pass
+    for text in (f"{NGRAM + 1}:4", f"{MIN_MATCH - 1}:4", "4:0", "4", "4:4,", "a:b"):
+        with pytest.raises(ValueError):
+            parse_rules(text)
