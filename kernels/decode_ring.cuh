@@ -271,6 +271,32 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
     }
 }
 
+// One MMA granule (as mma_granule_product) times one position's input in FMAs (a pass without a draft,
+// KOG_MMA_ONE_FMA): the tensor cores would spend two chains of eight products a granule on one column of B. Lane
+// 2r + h takes row r's vectors 4h .. 4h + 3 (a quarter warp's eight reads meet no bank twice), its neighbour's half
+// by one shuffle; the row's sum over the strip builds up in `acc` and the strip's last granule stores it in red.
+template <class M>
+__device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* slot, int g, const float* xs, float* red,
+                                                    float& acc) {
+    const int r = c.lane >> 1, h = c.lane & 1;
+    const MmaGranule m = mma_granule<M>(g / NW, c.warp);
+    const int col0 = (m.seg * M::CH + m.chunk) * 8 + 4 * h;  // this lane's first 16-byte weight vector's column
+    kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
+    uint4 wv[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) wv[i] = slot[mma_slot_index(r, 4 * h + i)];
+    float d[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) d[i] = dot8(wv[i], xs_lo(xs, col0 + i), xs_hi(xs, col0 + i));
+    acc += (d[0] + d[1]) + (d[2] + d[3]);
+    if (m.chunk == M::CH - 1) {
+        const float sum = acc + kog_shfl_xor(acc, 1);
+        const int row = 16 * m.tile + r, nr = M::row1(c.b) - M::row0(c.b);
+        if (h == 0 && row < nr) red[row * M::NSEG + m.seg] = sum;
+        acc = 0.f;
+    }
+}
+
 // The block's rows of matrix M times xs (shared memory) -> per-granule sums in red: each warp
 // takes granules warp, warp + NW, ... from the ring, refilling it as it goes. Where NW is a
 // multiple of the segments per row, every granule of a warp covers the same K-segment, so each
@@ -340,7 +366,9 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         if (g == c.warp) trace_mv(c, MAT, 2);
         if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
-        if constexpr (M::MMA) {
+        if constexpr (M::MMA && NP == 1 && KOG_MMA_ONE_FMA) {
+            fma_granule_product<M>(c, slot, g, xs, red, mma_hi[0]);
+        } else if constexpr (M::MMA) {
             mma_granule_product<M, NP>(c, slot, g, xs, red, mma_hi, mma_lo);
         } else {
             const int seg = X_IN_REGS ? c.warp % M::NSEG : g % M::NSEG;
