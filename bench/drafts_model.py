@@ -115,11 +115,14 @@ def main() -> None:
     args = parser.parse_args()
     try:
         rules = parse_rules(args.rules)
+    except ValueError as e:
+        parser.error(str(e))
+    try:
         costs = [tuple(float(x) for x in c.split(",")) for c in args.costs]
         if any(len(c) != 4 for c in costs):
             raise ValueError
-    except ValueError as e:
-        parser.error(str(e) if str(e) else "--costs takes four numbers")
+    except ValueError:
+        parser.error("--costs takes four numbers")
     model = load(None)
     backend = create_backend(model, "cpu", 4096)
     replies = {name: greedy_reply(model, backend, system, text, args.tokens)

@@ -367,7 +367,7 @@ __device__ __forceinline__ void mv_run(Ctx& c, const float* xs, float* red, floa
         if (g + NWP >= ngran) trace_mv(c, MAT, 6);  // the last granule's wait is over
         const uint4* slot = stashed ? stash_slot(c, (g - c.st.stash_g0) / NW) : RESIDENT ? c.ring : c.ring + (c.st.tail % RING) * SLOT;
         if constexpr (M::MMA && NP == 1 && KOG_MMA_ONE_FMA) {
-            fma_granule_product<M>(c, slot, g, xs, red, mma_hi[0]);
+            fma_granule_product<M>(c, slot, g, xs, red, mma_hi[0]);  // (its strip's sum so far in mma_hi[0])
         } else if constexpr (M::MMA) {
             mma_granule_product<M, NP>(c, slot, g, xs, red, mma_hi, mma_lo);
         } else {
