@@ -24,6 +24,7 @@ printed side by side.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 
 import numpy as np
@@ -43,6 +44,19 @@ def passes(prompt: list[int], generated: list[int], k: int, ngram: int = NGRAM, 
     return n["without"] + n["drafted"], n["drafted"], n["missed"]
 
 
+@contextlib.contextmanager
+def switching_rule(rule: tuple[int, int] | None):
+    """engine/drafts.py's (COPY_MATCH, DRY_PASSES) set to `rule` (None: as they are) for the block, then restored:
+    BuildSwitch reads them from the module."""
+    saved = drafts.COPY_MATCH, drafts.DRY_PASSES
+    if rule:
+        drafts.COPY_MATCH, drafts.DRY_PASSES = rule
+    try:
+        yield
+    finally:
+        drafts.COPY_MATCH, drafts.DRY_PASSES = saved
+
+
 def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[int, int] | None,
            ngram: int = NGRAM, min_match: int = MIN_MATCH) -> dict[str, int]:
     """The passes a drafted decode of `generated` takes, by kind: plain tokens, the drafts' build's passes without a
@@ -53,10 +67,8 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
     counts = dict(plain=0, without=0, drafted=0, missed=0, switches=0)
     drafting = rule is None
     switch = BuildSwitch(ContextDrafts(prompt, ngram, min_match), positions) if rule else None
-    saved = drafts.COPY_MATCH, drafts.DRY_PASSES
-    try:
+    with switching_rule(rule):
         if rule:
-            drafts.COPY_MATCH, drafts.DRY_PASSES = rule
             switch.start(drafting=False)
         while done < len(generated):
             guess = context.draft(positions - 1) if drafting else []
@@ -73,8 +85,6 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
                 drafting = not drafting
                 switch.start(drafting)
                 counts["switches"] += 1
-    finally:
-        drafts.COPY_MATCH, drafts.DRY_PASSES = saved
     return counts
 
 
@@ -148,9 +158,8 @@ def main() -> None:
             for rule in [None] + rules:  # the drafts' build throughout, then in stretches with the plain build
                 backend.truncate(0)
                 backend.switch_builds = rule is not None
-                if rule:
-                    drafts.COPY_MATCH, drafts.DRY_PASSES = rule
-                drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
+                with switching_rule(rule):
+                    drafted = [event.id for event in Session(model, backend, system=system).send(text, SamplingParams(), max_tokens=args.tokens)]
                 timed.append(decode_rate(backend))
                 print(f"{name:8s} CUDA decode, {positions} positions a pass{f', switching builds {rule}' if rule else ''}: "
                       f"{timed[-1]:7.1f} tok/s ({timed[-1] / plain:.2f}x plain's {plain:.1f}), "
