@@ -175,7 +175,7 @@ VARIANTS = {
     "fma-products": {"KOG_MMA": "0"},  # (with npos-n) every product in FMAs (the default below H = 1,024)
     "mma-lm-head": {"KOG_MMA": "1"},  # (with npos-n) the LM head's bf16 rows on the tensor cores
     "mma-layers": {"KOG_MMA": "2"},  # (with npos-n) those, gate/up and down on the tensor cores
-    "mma-one-fma": {"KOG_MMA_ONE_FMA": "1"},  # (with npos-n) a pass without a draft multiplies their granules in FMAs
+    "mma-one-mma": {"KOG_MMA_ONE_FMA": "0"},  # (with npos-n) a pass without a draft on the tensor cores too
     **{f"gather-pairs-{n}": {"KOG_GATHER_PAIRS": str(n)} for n in (3, 4)},  # (with npos-n) long gathers n pairs a thread at a time: fewer spills
     # (with npos-n) the long gathers put each pair into the products' input region as it lands, n pairs a run
     # (0: held in registers, GATHER_PAIRS a run)

@@ -105,7 +105,7 @@
 #define KOG_MMA -1  // 2 those and gate/up and down; -1 by shape (MMA_PRODUCTS below)
 #endif
 #ifndef KOG_MMA_ONE_FMA  // a pass without a draft multiplies the tensor cores' granules (Mv::MMA) on them (0) or in
-#define KOG_MMA_ONE_FMA 0  // FMAs (1; built, its tokens and time not yet checked on the GPU: PERF.md session 77)
+#define KOG_MMA_ONE_FMA 1  // FMAs (1: such a pass 4-10% faster on the 1-7B shapes, PERF.md session 78)
 #endif
 #ifndef KOG_NPOS  // positions a pass: 1 the plain decode; n > 1 a pass checks n - 1 draft tokens copied from the context
 #define KOG_NPOS 1  // (greedy only; the tokens are the plain decode's: decode.cu, drafts)

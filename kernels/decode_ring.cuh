@@ -306,7 +306,8 @@ __device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* s
 // M::INT8 (the LM head's int8 rows, LM_SCREEN): each lane holds its inputs as 16-bit fixed point
 // (quantize_x4 with 1 / s_x = inv_sx), and a granule's sum is exact integer math until it is
 // written to red as a float.
-// M::MMA (the drafts' build, KOG_MMA): granules of 16 rows, on the tensor cores (mma_granule_product).
+// M::MMA (the drafts' build, KOG_MMA): granules of 16 rows, on the tensor cores (mma_granule_product); a pass
+// without a draft multiplies them in FMAs (fma_granule_product, KOG_MMA_ONE_FMA).
 // NP > 1 (a pass's code built for NP positions, decode.cu): position p's input at xs + p MV_X, its sums at
 // red + p MV_RED, for the pass's c.npos positions; the inputs are read from shared memory (NP positions' inputs
 // would not fit the registers: the LM head's five in registers lost 2x, PERF.md session 64).

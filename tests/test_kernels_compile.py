@@ -51,15 +51,15 @@ DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "l
 # ... with its knobs' other paths (kernels/decode_common.cuh): every product in FMAs where the shape's default takes
 # the tensor cores, the long gathers' pairs held in registers.
 DRAFTS_KNOBS = DRAFTS["llama-3.2-1b-instruct"] | {"KOG_MMA": "0", "KOG_GATHER_TO_XS": "0"}
-# ... and a pass without a draft multiplying the tensor cores' granules in FMAs (off by default).
-DRAFTS_ONE_FMA = DRAFTS["qwen2.5-coder-1.5b-instruct"] | {"KOG_MMA_ONE_FMA": "1"}
+# ... and a pass without a draft on the tensor cores too (by default it multiplies their granules in FMAs).
+DRAFTS_ONE_MMA = DRAFTS["qwen2.5-coder-1.5b-instruct"] | {"KOG_MMA_ONE_FMA": "0"}
 
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
          + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)] + [("decode.cu", d) for d in DRAFTS.values()]
-         + [("decode.cu", DRAFTS_KNOBS), ("decode.cu", DRAFTS_ONE_FMA)])
+         + [("decode.cu", DRAFTS_KNOBS), ("decode.cu", DRAFTS_ONE_MMA)])
 IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
        + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"] + [f"decode.cu[{n}-drafts]" for n in DRAFTS]
-       + ["decode.cu[llama-3.2-1b-drafts-knobs]", "decode.cu[qwen2.5-1.5b-drafts-one-fma]"])
+       + ["decode.cu[llama-3.2-1b-drafts-knobs]", "decode.cu[qwen2.5-1.5b-drafts-one-mma]"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
