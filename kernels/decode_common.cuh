@@ -451,11 +451,12 @@ __host__ __device__ constexpr int mma_strips(int tiles, int nch, int nw, int max
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
 // Which products of the drafts' build run on the tensor cores (KOG_MMA's codes). Their math costs little there, but
 // their granules stream slower than the FMA products' (PERF.md session 67): gate/up, down and the LM head on them make
-// a five-position pass 12-30% faster and a pass without a draft 14-21% slower (H100, sessions 76-77: Llama-3.2-1B,
-// Qwen3-1.7B, Qwen2.5-1.5B, Qwen2.5-Coder-7B). A drafted decode runs the plain build where the text copies nothing
-// (engine/drafts.py), so ~75% of the drafts' build's passes draft (SmolLM2's real replies, 16 prompts), past the
-// 19-42% where the tensor cores break even: on by default from H = 1,024; not on the smallest shapes, whose passes
-// are latency chains (SmolLM2-135M: its real replies 0-2% slower with them, session 77).
+// a five-position pass 12-30% faster and a pass without a draft 4-9% slower, its granules multiplied in FMAs
+// (KOG_MMA_ONE_FMA; H100, sessions 76-78: Llama-3.2-1B, Qwen3-1.7B, Qwen2.5-1.5B, Qwen2.5-Coder-7B). A drafted
+// decode runs the plain build where the text copies nothing (engine/drafts.py), so ~75% of the drafts' build's passes
+// draft (SmolLM2's real replies, 16 prompts), past the 9-30% where the tensor cores break even: on by default from
+// H = 1,024; not on the smallest shapes, whose passes are latency chains (SmolLM2-135M: its real replies 0-2% slower
+// with them, session 77).
 constexpr int MMA_PRODUCTS = KOG_MMA >= 0 ? KOG_MMA : H >= 1024 ? 2 : 0;
 template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0, int MMA_FROM = 3>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
