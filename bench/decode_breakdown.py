@@ -172,6 +172,8 @@ VARIANTS = {
     # only (garbage tokens): what the other positions' math costs a pass
     "no-draft-code": {"KOG_EXP": "16"},  # (with npos-n) no draft search, no n-position code: what the build's layouts cost
     "no-draft-search": {"KOG_EXP": "17"},  # (with npos-n) no draft search, the n-position code built, never run
+    "norms-one-position": {"KOG_EXP": "18"},  # (with npos-n+draft-always) the norms gather the first position's words
+    # only (garbage tokens): what the other positions' words cost the norms' gathers
     "fma-products": {"KOG_MMA": "0"},  # (with npos-n) every product in FMAs (the default below H = 1,024)
     "mma-lm-head": {"KOG_MMA": "1"},  # (with npos-n) the LM head's bf16 rows on the tensor cores
     "mma-layers": {"KOG_MMA": "2"},  # (with npos-n) those, gate/up and down on the tensor cores

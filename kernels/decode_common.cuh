@@ -21,7 +21,9 @@
                    // tokens: what the other positions' dot products cost; with KOG_DRAFT_ALWAYS), 16 the drafts'
                    // build with neither its draft search nor its several-position code (every pass one position:
                    // what its layouts cost a pass without a draft), 17 no draft search, the several-position
-                   // code built but never run (what the search costs, and with 16 what that code's registers cost)
+                   // code built but never run (what the search costs, and with 16 what that code's registers cost),
+                   // 18 a pass of several positions gathers its norms' inputs of its first position only (garbage
+                   // tokens: what the other positions' tagged words cost the two norms; with KOG_DRAFT_ALWAYS)
 #ifndef KOG_NTHR  // timing experiments: threads per block (0: NTHR below)
 #define KOG_NTHR 0
 #endif

@@ -481,6 +481,8 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
         for (int q = 0; q < NP; ++q) ss[q] += q == p ? s2 : 0.f;
     };
     bool ok = true;
+    // the words gathered: the pass's positions' (KOG_EXP 18: its first position's only, garbage tokens)
+    const int words = (KOG_EXP == 18 ? 1 : pass_positions<NP>(c)) * H;
     trace_norm(c, traced, 0);
     if (tokens) {
 #pragma unroll
@@ -493,9 +495,9 @@ __device__ bool stage_norm(const Ctx& c, float* xs, int src, unsigned tag, const
                 else x.v[k] = make_float2(kog_bf16_lo(v), kog_bf16_hi(v));
             }
     } else if constexpr (IN_XS) {
-        ok = gather_tagged_from<NP * H, W, GATHER_TO_XS, 0>(c, src, tag, pass_positions<NP>(c) * H, put_in_xs);
+        ok = gather_tagged_from<NP * H, W, GATHER_TO_XS, 0>(c, src, tag, words, put_in_xs);
     } else {
-        ok = gather_tagged<NP * H, W>(c, x, src, tag, pass_positions<NP>(c) * H);
+        ok = gather_tagged<NP * H, W>(c, x, src, tag, words);
     }
     trace_norm(c, traced, 1);
     float2 g[T::NV];
