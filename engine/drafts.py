@@ -6,7 +6,7 @@ NGRAM down to MIN_MATCH that occurs (kernels/decode.cu `draft_search` runs the s
 for each token whatever the context's length.
 
 The drafts' build of the kernel runs a pass without a draft at ~1.16x a plain token on SmolLM2 (PERF.md session
-70) and 1.14-1.39x from H = 1,024 up, where the drafts' build multiplies on the tensor cores (sessions 76-77): where
+70) and 1.08-1.27x from H = 1,024 up, where the drafts' build multiplies on the tensor cores (sessions 76-78): where
 the text copies nothing the plain build is faster. `BuildSwitch` watches the tokens as they come and
 says when to leave the build that runs: the plain build where the context's last COPY_MATCH tokens occurred
 before (the text starts to copy), the drafts' build after DRY_PASSES passes in a row that kept no draft token
