@@ -158,6 +158,8 @@ VARIANTS = {
     "stash-xs-1": {"KOG_STASH_XS": "1"},  # ... one, where they fit (the default on some shapes)
     "dn-split-1": {"KOG_DN_SPLIT": "1"},  # down unsplit: every block gathers all of act (tagged)
     **{f"dn-split-{n}": {"KOG_DN_SPLIT": str(n)} for n in (2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16)},  # down's column slices
+    # (with npos-n) SmolLM2's drafts' build as the host would make it with down in two slices of whole rows
+    "dn-halves": {"KOG_DRAFTS_DN_HALVES": "1", "KOG_DN_LAYOUT": "1"},
     **{f"grid-{n}": {"KOG_NBLK": str(n)} for n in (33, 44, 66, 88, 100, 114, 120)},  # blocks (fewer than SMs)
     **{f"icache-{n}": {"KOG_ICACHE_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # n KB more machine code a token
     **{f"icache-layer-{n}": {"KOG_ICACHE_LAYER_KB": str(n)} for n in (4, 8, 16, 32, 64)},  # ... a layer (no-attention blocks)

@@ -601,7 +601,7 @@ extern "C" __global__ void kog_info(long long* out) {
         out[11] = HOP_WORDS;
         out[12] = FLAGS;
         out[13] = MAXSTOP;
-        out[14] = DN_SPLIT;
+        out[14] = DN_LAYOUT;  // the host lays down's weights out in its slices
         out[15] = HOP_COPIES;
         out[16] = LM_SCREEN;  // the weights hold the LM head's int8 rows at OFF_LM8, their constants at S_LMQ
         out[17] = NPOS;

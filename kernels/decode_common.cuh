@@ -75,6 +75,12 @@
 #ifndef KOG_DN_SPLIT  // timing experiments: DN_SPLIT below forced to this (-1: by shape; 1: down unsplit)
 #define KOG_DN_SPLIT -1
 #endif
+#ifndef KOG_DN_LAYOUT  // the column slices down's weights are laid out in (DN_LAYOUT below; -1: DN_SPLIT's own)
+#define KOG_DN_LAYOUT -1
+#endif
+#ifndef KOG_DRAFTS_DN_HALVES  // 1: the drafts' build cuts down in two where the plain build leaves it whole on a small
+#define KOG_DRAFTS_DN_HALVES 0  // shape (DN_SPLIT below; its tokens not yet checked on the GPU)
+#endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles (ATT_EARLY_AT
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
 #endif                    // 0 at the attention's start; 3 the next layer's after O's product, 4 after gate/up's
@@ -295,19 +301,23 @@ static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multipl
 // per slice: [DN_SPLIT][H][INTER / DN_SPLIT]. A shape without such a split (INTER / 8 with no
 // divisor up to 32 that fits) takes the fewest slices a block can gather (Tagged: 64 words a
 // thread at most): correct, and slower.
-// The drafts' build takes the plain build's split (the host passes it: one layout of down's weights). With a split
-// forced, weights laid out to match (PERF.md session 79): SmolLM2 in two slices, five-position passes 4.1% faster and
-// passes without a draft 2.4% slower; Llama-3.2-1B in two or eight, both kinds 2-9% slower than in its four.
+// The drafts' build reads down in the plain build's layout (DN_LAYOUT: the host passes its split), and may split it
+// further. Where the plain build leaves down whole on a small shape (H < 1,024), every block of the drafts' build
+// gathers five positions' act; in two slices (KOG_DRAFTS_DN_HALVES) SmolLM2-135M's five-position passes were 4.1%
+// faster and its passes without a draft 2.4% slower (split forced with weights laid out to match, PERF.md session 79;
+// Llama-3.2-1B in two or eight slices instead of its four: both kinds 2-9% slower).
 __host__ __device__ constexpr int dn_split_of(int inter, int most) {  // fewest slices of at most `most` columns, whole 16-byte vectors
     for (int n = 1; n <= 32; ++n)
         if (inter / 8 % n == 0 && inter / n <= most) return n;
     return 0;
 }
 constexpr int DN_SPLIT = KOG_DN_SPLIT > 0 ? KOG_DN_SPLIT
-                       : INTER <= 4096 ? 1
+                       : INTER <= 4096 ? (DRAFTS && KOG_DRAFTS_DN_HALVES && H < 1024 && INTER / 8 % 2 == 0 ? 2 : 1)
                        : dn_split_of(INTER, H) ? dn_split_of(INTER, H) : dn_split_of(INTER, 64 * NTHR);
 constexpr int DN_K = INTER / DN_SPLIT;  // columns of a slice
 static_assert(DN_SPLIT >= 1 && DN_K * DN_SPLIT == INTER && DN_K % 8 == 0 && DN_SPLIT <= 32, "down's column slices");
+constexpr int DN_LAYOUT = KOG_DN_LAYOUT > 0 ? KOG_DN_LAYOUT : DN_SPLIT;  // [DN_LAYOUT][H][INTER / DN_LAYOUT]
+static_assert(DN_SPLIT % DN_LAYOUT == 0, "each slice inside one of the layout's");
 
 // ---- the hop space -------------------------------------------------------------------------
 // The vectors that cross blocks (tagged and summed words) live in one space of HOP_WORDS words. H100/H200's
@@ -463,14 +473,17 @@ constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte row
 // H = 1,024; not on the smallest shapes, whose passes are latency chains (SmolLM2-135M: its real replies 0-2% slower
 // with them, session 77).
 constexpr int MMA_PRODUCTS = KOG_MMA >= 0 ? KOG_MMA : H >= 1024 ? 2 : 0;
-template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0, int MMA_FROM = 3>
+template <int K, int NROWS, int RU, int GROUPS = 1, int SKIP = 0, int I8 = 0, int MMA_FROM = 3, int ROWK = K>
 struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]), each on its own group of blocks;
              // SKIP: blocks 0 .. SKIP - 1 take no rows (GROUPS 1 only); I8 > 0: rows of 2K int8 weights, each
              // I8 consecutive int8 rows of 2K / I8 (LM_SCREEN); MMA_FROM: the least MMA_PRODUCTS that puts it on the
-             // tensor cores
+             // tensor cores; ROWK: the elements of a row as laid out (a slice's rows lie in longer ones where
+             // the layout has fewer slices: DN_LAYOUT)
     static constexpr bool INT8 = I8 > 0;
     static constexpr int ROWS8 = cmax(I8, 1);  // int8 rows in a row of the product
     static constexpr int KV = K / 8;  // 16-byte vectors per row
+    static constexpr int ROWV = ROWK / 8;  // ... per row as laid out: the stride between rows
+    static_assert(ROWK % K == 0 && (GROUPS == 1 || ROWK / K <= GROUPS), "a slice's rows lie in the layout's rows");
     static constexpr int KV8 = KV / ROWS8;  // ... per int8 row
     static constexpr int NUNITS = NROWS / RU;
     static constexpr int NB_LO = (NBLK - SKIP) / GROUPS, NB_HI = (NBLK + GROUPS - 1) / GROUPS;  // blocks of a group
@@ -505,12 +518,15 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     }
     __device__ static int row0(int b) { return row_at(b, 0); }
     __device__ static int row1(int b) { return row_at(b, 1); }
-    __device__ static long long tile_at(int b) { return ((long long)group(b) * NROWS + row0(b)) * K; }  // elements
+    __device__ static long long tile_at(int b) {  // elements: the layout's slice of b's group, then its columns in it
+        const int slices = ROWK / K, k = group(b);
+        return ((long long)(k / slices) * NROWS + row0(b)) * ROWK + k % slices * K;
+    }
 };
 using MQKV = Mv<H, NQKV, 1, 1, QKV_SKIP>;
 using MO = Mv<QD, H, 1>;
 using MGU = Mv<H, 2 * INTER, 2, 1, 0, 0, 2>;
-using MDN = Mv<DN_K, H, 1, DN_SPLIT, 0, 0, 2>;
+using MDN = Mv<DN_K, H, 1, DN_SPLIT, 0, 0, 2, INTER / DN_LAYOUT>;
 using MLM = Mv<H, VOCAB, 1, 1, 0, 0, 1>;
 // The same rows, int8 (LM_SCREEN). An int8 row shorter than the narrowest granule (64 vectors: H < 1024)
 // would leave most of its granule's lanes idle, so that the head streams no faster than in bf16: two rows

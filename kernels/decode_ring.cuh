@@ -91,7 +91,7 @@ __device__ __forceinline__ void stream_next_mma(Ctx& c, uint4* slot) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int j = i * KOG_WAVE + c.lane, r = j >> 3, v = j & 7;
-        kog_cp_async16_evict_first(slot + mma_slot_index(r, v), src + (size_t)min(16 * m.tile + r, last) * M::KV + v, c.l2_policy);
+        kog_cp_async16_evict_first(slot + mma_slot_index(r, v), src + (size_t)min(16 * m.tile + r, last) * M::ROWV + v, c.l2_policy);
     }
     commit_group(c);
     trace_ring(c, 4 * KOG_WAVE, s.mat, s.layer);
@@ -110,7 +110,9 @@ __device__ __forceinline__ void stream_next(Ctx& c, uint4* slot, bool pad = fals
     const int row = s.src.nseg == 1 ? s.g : (int)__umulhi((unsigned)s.g, s.src.nseg_inv);  // no division
     const int seg = s.g - row * s.src.nseg;
     const int col0 = seg * KOG_WAVE * s.src.u + c.lane;
-    const uint4* src = s.src.tile + (size_t)row * s.src.kv + col0;
+    // (rows `kv` vectors apart but down's where its slices lie in the layout's longer rows: DN_LAYOUT)
+    const int rowv = DN_LAYOUT != DN_SPLIT && s.mat == MAT_DN ? MDN::ROWV : s.src.kv;
+    const uint4* src = s.src.tile + (size_t)row * rowv + col0;
 #if KOG_EXP == 12
     src = side_granule(c, s.g);
 #endif

@@ -47,6 +47,8 @@ TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 # in chunks, kernels' LM_CHUNK).
 DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
                                                       "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b", "qwen3-8b")}
+# ... and SmolLM2's with down in two slices of the plain build's whole rows (the host passes that layout).
+DRAFTS_DN_HALVES = DRAFTS["smollm2-135m-instruct"] | {"KOG_DRAFTS_DN_HALVES": "1", "KOG_DN_LAYOUT": "1"}
 
 # ... with its knobs' other paths (kernels/decode_common.cuh): every product in FMAs where the shape's default takes
 # the tensor cores, the long gathers' pairs held in registers.
@@ -56,10 +58,10 @@ DRAFTS_ONE_MMA = DRAFTS["qwen2.5-coder-1.5b-instruct"] | {"KOG_MMA_ONE_FMA": "0"
 
 CASES = ([(p.name, {}) for p in sorted(KERNELS.glob("*.cu"))] + [("decode.cu", d) for d in SHAPES.values()]
          + [("decode.cu", LLAMA_32), ("decode.cu", TRACED)] + [("decode.cu", d) for d in DRAFTS.values()]
-         + [("decode.cu", DRAFTS_KNOBS), ("decode.cu", DRAFTS_ONE_MMA)])
+         + [("decode.cu", DRAFTS_KNOBS), ("decode.cu", DRAFTS_ONE_MMA), ("decode.cu", DRAFTS_DN_HALVES)])
 IDS = ([p.name for p in sorted(KERNELS.glob("*.cu"))] + [f"decode.cu[{n}]" for n in SHAPES]
        + ["decode.cu[llama-3.2-1b-32-blocks]", "decode.cu[traced]"] + [f"decode.cu[{n}-drafts]" for n in DRAFTS]
-       + ["decode.cu[llama-3.2-1b-drafts-knobs]", "decode.cu[qwen2.5-1.5b-drafts-one-mma]"])
+       + ["decode.cu[llama-3.2-1b-drafts-knobs]", "decode.cu[qwen2.5-1.5b-drafts-one-mma]", "decode.cu[smollm2-135m-drafts-dn-halves]"])
 
 
 @pytest.mark.skipif(NVCC is None, reason="nvcc not installed")

@@ -392,7 +392,7 @@ class CudaBackend(Backend):
             "lstride": int(info[0]), "off_emb": int(info[1]), "off_lmh": int(info[2]), "sstride": int(info[3]),
             "s_final": int(info[4]), "smem": int(info[5]), "nthr": int(info[6]), "nblk": int(info[7]),
             "params_bytes": int(info[8]), "nbins": int(info[9]), "vpad": int(info[10]), "hop_words": int(info[11]),
-            "flags": int(info[12]), "max_stop": int(info[13]), "dn_split": int(info[14]),
+            "flags": int(info[12]), "max_stop": int(info[13]), "dn_layout": int(info[14]),
             "hop_copies": int(info[15]), "lm_screen": bool(info[16]), "positions": int(info[17]),
         }
         smem = k["smem"]
@@ -426,8 +426,8 @@ class CudaBackend(Backend):
         that fit (fit_positions; None where not even two do), made once."""
         asked = self.draft_positions
         if asked not in self._drafts:
-            # (down's weights are laid out for the plain build's column slices: the drafts' build takes them)
-            defines = self._defines() | {"KOG_DN_SPLIT": str(self.kernel_info["dn_split"])}
+            # (down's weights are laid out in the plain build's column slices: the drafts' build reads them so)
+            defines = self._defines() | {"KOG_DN_LAYOUT": str(self.kernel_info["dn_layout"])}
             with self.device, self.stream:
                 positions, kernel = fit_positions(asked, lambda n: self._decode_kernel(defines | {"KOG_NPOS": str(n)}))
             self.stream.synchronize()
@@ -475,8 +475,8 @@ class CudaBackend(Backend):
                 tmp = cp.empty(inter * H, dtype=cp.uint16)
                 self._bf16(w[p + f"mlp.{n}_proj.weight"], tmp)
                 gu[:, j, :] = tmp.reshape(inter, H)
-            # down as its column slices, each [H][inter / dn_split] (kernels: DN_SPLIT)
-            split = self.kernel_info["dn_split"]
+            # down as its column slices, each [H][inter / dn_layout] (kernels: DN_LAYOUT)
+            split = self.kernel_info["dn_layout"]
             t = w[p + "mlp.down_proj.weight"].reshape(H, split, inter // split).transpose(1, 0, 2)
             self._bf16(t, self.w[base + lay.off_dn : base + lay.off_dn + t.size])
             s = i * lay.sstride

@@ -106,7 +106,7 @@ class CudaPrefill:
         qkv_grid = ((nh + 2 * nkv + QKV_WAVES - 1) // QKV_WAVES, n)
         attn_grid = (nh, (n + ATTN_ROWS - 1) // ATTN_ROWS)
         silu_blocks = int(min((n * inter + 255) // 256, 16 * be.nblk))
-        split = be.kernel_info["dn_split"]
+        split = be.kernel_info["dn_layout"]
         dk = inter // split
         prev = _NULL  # the product to add to x before the next norm: none before layer 0
         for L in self.layers:
