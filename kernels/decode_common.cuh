@@ -298,7 +298,7 @@ static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multipl
 // Measured (PERF.md session 23) against act behind per-block flags and copied whole (v29): Llama
 // +3.0% (4 slices; 16 slices -2%), Qwen2.5 +3.6% (7; 10 +2%, 5 -2%), Qwen3 0 (3; 4 -3%); SmolLM2,
 // whose whole act is one cheap tagged hop, -8% with 3 slices. Down's weights are laid out
-// per slice: [DN_SPLIT][H][INTER / DN_SPLIT]. A shape without such a split (INTER / 8 with no
+// per slice of the plain build's split: [DN_LAYOUT][H][INTER / DN_LAYOUT]. A shape without such a split (INTER / 8 with no
 // divisor up to 32 that fits) takes the fewest slices a block can gather (Tagged: 64 words a
 // thread at most): correct, and slower.
 // The drafts' build reads down in the plain build's layout (DN_LAYOUT: the host passes its split), and may split it
