@@ -12,7 +12,9 @@ whose real weights are not on the GPU machine, and a switching rule, before any 
 
 Each --costs is PLAIN,WITHOUT,WITH,SWITCH in any one unit (us): a plain token, a pass of the drafts' build without
 a draft and with one, a switch's dead time. --more adds eleven prompts to kog bench's five (agent/workloads.py).
-It prints, for each prompt, the rate against the plain decode's: the drafts' build throughout, then each rule.
+It prints, for each prompt, the rate against the plain decode's: the drafts' build throughout, then each rule, then
+the best any switching rule could do (`hindsight`: each switch placed knowing the whole reply), which bounds what a
+better rule can still win.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ import argparse
 import math
 
 from agent.workloads import PROMPTS, agent_task
-from bench.lookup_acceptance import greedy_reply, parse_rules, replay
+from bench.lookup_acceptance import greedy_reply, kept_of, parse_rules, replay
 from engine import drafts
+from engine.drafts import ContextDrafts
 from engine.api import load
 from engine.backends import DEFAULT_DRAFTS, create_backend
 
@@ -105,6 +108,35 @@ MORE = {  # name: (system message or None, user message); the first letter says 
 }
 
 
+def hindsight(prompt: list[int], reply: list[int], positions: int, costs: tuple[float, ...]) -> float:
+    """The least time a switching decode of `reply` can take at `costs` (PLAIN, WITHOUT, WITH, SWITCH), every switch
+    placed knowing the whole reply: a shortest path over (tokens done, build running), starting in the plain build as
+    BuildSwitch does. A pass of the drafts' build at a token keeps what `replay` says it keeps, whatever ran before
+    (the draft reads only the context)."""
+    plain, without, drafted, switch = costs
+    context, steps, costs_at = ContextDrafts(prompt), [], []
+    for done in range(len(reply)):  # the drafts' build's pass from here: tokens it yields and its cost
+        guess = context.draft(positions - 1)
+        steps.append(min(kept_of(guess, reply, done) + 1, len(reply) - done))
+        costs_at.append(drafted if guess else without)
+        context.append(reply[done])
+    best_plain, best_drafts = [math.inf] * (len(reply) + 1), [math.inf] * (len(reply) + 1)
+    best_plain[0] = 0.0
+    for done in range(len(reply)):  # every pass moves forward, so one sweep settles each position
+        best_plain[done] = min(best_plain[done], best_drafts[done] + switch)
+        best_drafts[done] = min(best_drafts[done], best_plain[done] + switch)
+        best_plain[done + 1] = min(best_plain[done + 1], best_plain[done] + plain)
+        nxt = done + steps[done]
+        best_drafts[nxt] = min(best_drafts[nxt], best_drafts[done] + costs_at[done])
+    return min(best_plain[-1], best_drafts[-1])
+
+
+def report(label: str, rates: dict[str, float]) -> None:
+    """One line: the replies' rates against the plain decode's, and their geometric mean."""
+    geo = math.exp(sum(map(math.log, rates.values())) / len(rates))
+    print(f"  {label:24s} all {geo:.3f}x: " + ", ".join(f"{k} {v:.2f}x" for k, v in rates.items()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--costs", action="append", required=True, metavar="PLAIN,WITHOUT,WITH,SWITCH")
@@ -135,9 +167,10 @@ def main() -> None:
                 n = replay(prompt, reply, args.positions, rule)
                 time = n["plain"] * plain + n["without"] * without + n["drafted"] * drafted + n["switches"] * switch
                 rates[name] = len(reply) * plain / time
-            geo = math.exp(sum(map(math.log, rates.values())) / len(rates))
-            label = f"switching {rule}" if rule else "drafts' build throughout"
-            print(f"  {label:24s} all {geo:.3f}x: " + ", ".join(f"{k} {v:.2f}x" for k, v in rates.items()))
+            report(f"switching {rule}" if rule else "drafts' build throughout", rates)
+        report("switching in hindsight", {
+            name: len(reply) * plain / hindsight(prompt, reply, args.positions, (plain, without, drafted, switch))
+            for name, (prompt, reply) in replies.items()})
 
 
 if __name__ == "__main__":

@@ -72,9 +72,7 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
             switch.start(drafting=False)
         while done < len(generated):
             guess = context.draft(positions - 1) if drafting else []
-            kept = 0
-            while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
-                kept += 1
+            kept = kept_of(guess, generated, done)
             step = min(kept + 1, len(generated) - done)  # the kept drafts and the pass's own token
             counts["drafted" if guess else "without" if drafting else "plain"] += 1
             counts["missed"] += bool(guess) and kept == 0
@@ -86,6 +84,15 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
                 switch.start(drafting)
                 counts["switches"] += 1
     return counts
+
+
+def kept_of(guess: list[int], generated: list[int], done: int) -> int:
+    """How many tokens of a pass's draft `guess` the model keeps, the pass starting at generated[done]: those up to
+    the first it would not have chosen."""
+    kept = 0
+    while kept < len(guess) and done + kept < len(generated) and guess[kept] == generated[done + kept]:
+        kept += 1
+    return kept
 
 
 def parse_rules(text: str) -> list[tuple[int, int]]:
