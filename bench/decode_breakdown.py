@@ -219,7 +219,7 @@ def layer_event(layer: int, name: str) -> int:
 
 
 def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[int, float]], float]:
-    """Median decode rate after a warm-up run, the median p99 / p50 of the gaps between tokens, the last run's
+    """Median decode rate after a warm-up run, the median p99 / p50 of the gaps between passes, the last run's
     slow steps (step, us: gaps over 1.15x the median) and the median us a pass through the model (a drafts'
     build's passes feed several tokens), all from the kernel's own stamps (host delivery left out)."""
     from engine.sampling import SamplingParams
@@ -232,9 +232,12 @@ def decode_rates(be, prompt, runs: int = 4) -> tuple[float, float, list[tuple[in
         ts = be.token_times_ns.astype(np.float64) * 1e-9
         gaps = np.diff(ts)
         rates.append((len(ts) - 1) / (ts[-1] - ts[0]))
-        tails.append(np.percentile(gaps, 99) / np.percentile(gaps, 50))
         pass_us.append((ts[-1] - ts[0]) * 1e6 / be.decode_passes)  # (the passes between the first token and the last)
-    slow = [(int(i) + 1, float(gaps[i]) * 1e6) for i in np.flatnonzero(gaps > 1.15 * np.median(gaps))]
+        # a pass's kept drafts are stamped within ns of its first token: the tail is the passes' (where most passes
+        # keep drafts, the median gap between tokens is such a stamp's, and p99 / p50 read thousands of times over)
+        between = gaps > 0.05 * pass_us[-1] * 1e-6
+        tails.append(np.percentile(gaps[between], 99) / np.percentile(gaps[between], 50))
+    slow = [(int(i) + 1, float(gaps[i]) * 1e6) for i in np.flatnonzero(gaps > 1.15 * np.median(gaps[between]))]
     return float(np.median(rates[1:])), float(np.median(tails[1:])), slow, float(np.median(pass_us[1:]))
 
 
