@@ -11,6 +11,9 @@
 #     tests, then bench/decode_breakdown.py timing $VARIANTS (default baseline,full) beside the
 #     kernels in .bench/base/kernels (AB_ONLY=1: the timing alone), made beforehand with
 #     `mkdir -p .bench/base && git archive main kernels | tar -x -C .bench/base`
+#   phase knob (carry .whl): a build knob's new default checked on the GPU before it is flipped: KNOB=KOG_NAME=VALUE
+#     set as the default in the device's copy of kernels/decode_common.cuh, then the GPU tests of $MODELS
+#     (KOG_TEST_MODELS) matching $TESTS (pytest -k; default: all but the real weights')
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .models/site .whl/*.whl \
   && export PYTHONPATH=$PWD/.models/site:$PWD || exit 1
@@ -64,5 +67,13 @@ ab)
   timeout "${AB_TIMEOUT:-300}" python3 bench/decode_breakdown.py --models "${AB_MODELS:-smollm2-135m,llama-3.2-1b}" \
     --trace "${AB_TRACE:-none}" --baseline .bench/base/kernels --variants "${VARIANTS:-baseline,full}" 2>&1 \
     | grep -v Warn | tee "$OUT/ab.log"
+  ;;
+knob)
+  : "${KNOB:?KNOB=KOG_NAME=VALUE}" "${MODELS:?MODELS=model,...}"
+  name=${KNOB%%=*} value=${KNOB#*=}
+  sed -i "s/^#define $name -\?[0-9]\+\b/#define $name $value/" kernels/decode_common.cuh
+  grep -q "^#define $name $value\b" kernels/decode_common.cuh || { echo "kernels/decode_common.cuh: no default of $name set"; exit 1; }
+  KOG_TEST_MODELS=$MODELS timeout "${KNOB_TIMEOUT:-300}" python3 -m pytest -q -m gpu tests/test_cuda_backend.py \
+    -k "${TESTS:-not real}" -rfEs -s 2>&1 | tee "$OUT/knob.log"
   ;;
 esac
