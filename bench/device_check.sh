@@ -14,6 +14,10 @@
 #   phase knob (carry .whl): a build knob's new default checked on the GPU before it is flipped: KNOB=KOG_NAME=VALUE
 #     set as the default in the device's copy of kernels/decode_common.cuh, then the GPU tests of $MODELS
 #     (KOG_TEST_MODELS) matching $TESTS (pytest -k; default: all but the real weights')
+#   phase replies (carry .whl .models/b, after any phase that carried .models/a): the real weights' drafted replies
+#     (bench/lookup_acceptance.py, switching rules $RULES, default 4:4) of the default build, then of the build with
+#     $DEFINES (KOG_X=N ..., space-separated) where given
+# Any phase stages the model's halves it carries; the machine keeps them while it stays warm.
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target .models/site .whl/*.whl \
   && export PYTHONPATH=$PWD/.models/site:$PWD || exit 1
@@ -21,17 +25,23 @@ export PYTHONUNBUFFERED=1 KOG_HOME=${KOG_HOME:-$PWD/.models/kog-home} OUT=${OUT:
 mkdir -p "$OUT" "$KOG_HOME/parts"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
 KOG="python3 -m kogcli"
+for half in .models/a .models/b; do
+  if [ -d "$half" ]; then cp "$half"/* "$KOG_HOME/parts/"; fi
+done
+default_model() {  # the default model from its two staged halves, where the registry looks for it
+  local model=$KOG_HOME/cache/models/smollm2-135m-instruct
+  [ -f "$KOG_HOME/parts/gguf.part-aa" ] && [ -f "$KOG_HOME/parts/gguf.part-ab" ] \
+    || { echo "the default model's halves are not both staged (.models/a, then .models/b)"; return 1; }
+  mkdir -p "$model" && cat "$KOG_HOME"/parts/gguf.part-* > "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
+  sha256sum "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
+}
 case "$1" in
 1)
-  cp .models/a/* "$KOG_HOME/parts/"
   KOG_TEST_MODELS=${KOG_TEST_MODELS:-smollm2-135m,qwen3-1.7b} \
     timeout 300 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k "not real_default" -rfEs 2>&1 | tee "$OUT/tests.log"
   ;;
 2)
-  cp .models/b/* "$KOG_HOME/parts/"
-  model=$KOG_HOME/cache/models/smollm2-135m-instruct
-  mkdir -p "$model" && cat "$KOG_HOME"/parts/gguf.part-* > "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
-  sha256sum "$model/SmolLM2-135M-Instruct.Q4_1.gguf"
+  default_model || exit 1
   timeout 120 python3 -m pytest -q -m gpu tests/test_cuda_backend.py -k real_default -rfEs -s 2>&1 | tee "$OUT/real.log"
   timeout 60 $KOG generate "Write a Python function that reverses a list." --device cuda --max-tokens 96
   timeout 90 $KOG bench --quick --drafts 5 --device cuda --json "$OUT/quick.json" 2>&1 | tee "$OUT/quick.log"
@@ -67,6 +77,17 @@ ab)
   timeout "${AB_TIMEOUT:-300}" python3 bench/decode_breakdown.py --models "${AB_MODELS:-smollm2-135m,llama-3.2-1b}" \
     --trace "${AB_TRACE:-none}" --baseline .bench/base/kernels --variants "${VARIANTS:-baseline,full}" 2>&1 \
     | grep -v Warn | tee "$OUT/ab.log"
+  ;;
+replies)
+  default_model || exit 1
+  with=()
+  for d in $DEFINES; do with+=(--define "$d"); done
+  for build in default ${DEFINES:+defines}; do
+    extra=(); [ "$build" = defines ] && extra=("${with[@]}")
+    echo "=== the $build build ${extra[*]}" | tee -a "$OUT/replies.log"
+    timeout 270 python3 bench/lookup_acceptance.py --device cuda --positions 5 --drafts 4 --rules "${RULES:-4:4}" \
+      "${extra[@]}" 2>&1 | tee -a "$OUT/replies.log"
+  done
   ;;
 knob)
   : "${KNOB:?KNOB=KOG_NAME=VALUE}" "${MODELS:?MODELS=model,...}"
