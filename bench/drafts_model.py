@@ -25,9 +25,9 @@ import math
 from agent.workloads import PROMPTS, agent_task
 from bench.lookup_acceptance import greedy_reply, kept_of, parse_rules, replay
 from engine import drafts
-from engine.drafts import ContextDrafts
 from engine.api import load
 from engine.backends import DEFAULT_DRAFTS, create_backend
+from engine.drafts import ContextDrafts
 
 SIZES = '''def parse_size(text):
     """'10k' -> 10240, '3M' -> 3145728, '512' -> 512."""

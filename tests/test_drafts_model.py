@@ -1,5 +1,5 @@
 """bench/drafts_model.py's hindsight bound: the cheapest switching decode of a reply, every switch placed knowing the
-whole reply, is no dearer than any rule's and is found exactly on a reply whose best path is plain."""
+whole reply, is found exactly where the best path is plain to see, and no rule's decode is cheaper."""
 
 from __future__ import annotations
 
