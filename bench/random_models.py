@@ -26,6 +26,13 @@ REGISTRY_NAMES = {
 SHAPES = tuple(REGISTRY_NAMES)
 
 
+def round_to_bf16(w: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 -> fp32, round to nearest even: the numbers the CUDA backend holds of a matrix."""
+    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
+    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
+    return rounded.view(np.float32)
+
+
 def hf_config(name: str):
     import transformers
 

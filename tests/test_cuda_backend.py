@@ -41,7 +41,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from bench.lookup_acceptance import passes as lookup_passes  # noqa: E402
-from bench.random_models import SHAPES, build_hf, loaded_model, random_prompt  # noqa: E402
+from bench.random_models import SHAPES, build_hf, loaded_model, random_prompt, round_to_bf16  # noqa: E402
 from engine.backends.cpu import CpuBackend  # noqa: E402
 from engine.backends.cuda import CudaBackend  # noqa: E402
 from engine.errors import KogError  # noqa: E402
@@ -601,13 +601,6 @@ def test_untied_lm_head(name):
     torch.cuda.empty_cache()
 
 
-def _round_to_bf16(w: np.ndarray) -> np.ndarray:
-    """fp32 -> bf16 -> fp32, round to nearest even: the numbers the GPU holds."""
-    bits = np.ascontiguousarray(w, dtype=np.float32).view(np.uint32)
-    rounded = (bits + np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))) & np.uint32(0xFFFF0000)
-    return rounded.view(np.float32)
-
-
 def test_real_default_model_matches_the_cpu_reference(default_gguf):
     """SmolLM2-135M-Instruct's real weights, a real chat prompt: 128 greedy tokens."""
     from dataclasses import replace
@@ -615,7 +608,7 @@ def test_real_default_model_matches_the_cpu_reference(default_gguf):
     from engine.loader import load_model
 
     real = load_model(default_gguf)
-    model = replace(real, weights={k: _round_to_bf16(v) for k, v in real.weights.items()})
+    model = replace(real, weights={k: round_to_bf16(v) for k, v in real.weights.items()})
     prompt = model.tokenizer.encode_chat([{"role": "user", "content": "Write a Python function that merges two sorted lists."}])
     gpu, cpu = CudaBackend(model, 1024), CpuBackend(model, 1024)
     gpu.poison()

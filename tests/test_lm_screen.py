@@ -11,6 +11,7 @@ rounding to fixed point nearly reaches its part of the bound."""
 import numpy as np
 import pytest
 
+from bench.random_models import round_to_bf16
 from engine.backends.cuda import lm_screen_rows
 
 XQ = np.float32(32512)  # max |x| / s_x (kernels: LM8_XQ)
@@ -18,8 +19,7 @@ XQ = np.float32(32512)  # max |x| / s_x (kernels: LM8_XQ)
 
 def bf16_bits(a: np.ndarray) -> np.ndarray:
     """fp32 -> bf16 bits, round to nearest even (as the backend stores weights)."""
-    u = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    return (round_to_bf16(a).view(np.uint32) >> np.uint32(16)).astype(np.uint16)
 
 
 def bf16_value(bits: np.ndarray) -> np.ndarray:
