@@ -3,9 +3,8 @@
 A drafted decode's speed is its passes' costs times how many passes of each kind a reply takes: plain tokens,
 the drafts' build's passes without a draft and with one, and the switches between the builds. The counts depend
 only on the reply's tokens, so the greedy replies of the default model replayed through the draft rule and
-engine/drafts.py's `BuildSwitch` give them exactly. The CPU reference decodes them from the matrices the GPU holds
-(rounded to bf16: from the GGUF's fp32 values, free prose parts from the GPU's text within tens of tokens, and its
-drafts with it: PERF.md session 80). The costs come from the GPU
+engine/drafts.py's `BuildSwitch` give them exactly, the CPU reference decoding them from the matrices the GPU holds
+(`as_the_gpu_holds`). The costs come from the GPU
 (`bench/decode_breakdown.py --trace none --variants npos-5+draft-never,npos-5+draft-always` and a plain token).
 This prices a change of the drafts' build (its passes' costs, say the tensor cores' `KOG_MMA`) for the shapes
 whose real weights are not on the GPU machine, and a switching rule, before any GPU time goes to them.
@@ -23,11 +22,10 @@ from __future__ import annotations
 
 import argparse
 import math
-from dataclasses import replace
 
 from agent.workloads import PROMPTS, agent_task
 from bench.lookup_acceptance import greedy_reply, kept_of, parse_rules, replay
-from bench.random_models import round_to_bf16
+from bench.random_models import as_the_gpu_holds
 from engine import drafts
 from engine.api import load
 from engine.backends import DEFAULT_DRAFTS, create_backend
@@ -159,8 +157,7 @@ def main() -> None:
             raise ValueError
     except ValueError:
         parser.error("--costs takes four numbers")
-    loaded = load(None)
-    model = replace(loaded, weights={k: round_to_bf16(v) if v.ndim == 2 else v for k, v in loaded.weights.items()})
+    model = as_the_gpu_holds(load(None))
     backend = create_backend(model, "cpu", 4096)
     replies = {name: greedy_reply(model, backend, system, text, args.tokens)
                for name, (system, text) in (PROMPTS | (MORE if args.more else {})).items()}

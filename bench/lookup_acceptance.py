@@ -30,6 +30,7 @@ import re
 import numpy as np
 
 from agent.workloads import PROMPTS
+from bench.random_models import as_the_gpu_holds
 from engine import drafts
 from engine.api import load
 from engine.backends import create_backend
@@ -142,7 +143,7 @@ def main() -> None:
     except ValueError as e:
         parser.error(str(e))
     ks = [int(k) for k in args.drafts.split(",")]
-    model = load(args.model)
+    model = load(args.model) if args.device == "cuda" else as_the_gpu_holds(load(args.model))  # (the GPU's replies)
     totals = {k: [0, 0] for k in ks}
     print(f"{model.name}, greedy, {args.tokens} tokens at most, drafts of the last {args.ngram}-gram down to {args.min_match}")
     defines = dict(d.split("=", 1) for d in args.define)

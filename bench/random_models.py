@@ -33,6 +33,15 @@ def round_to_bf16(w: np.ndarray) -> np.ndarray:
     return rounded.view(np.float32)
 
 
+def as_the_gpu_holds(model):
+    """`model` (a LoadedModel) with its matrices rounded to bf16 as the CUDA backend holds them (its norms and biases
+    stay fp32): the CPU reference's greedy replies are then the GPU's. From a GGUF's dequantized fp32 values, free
+    prose parts from the GPU's text within tens of tokens (PERF.md session 80)."""
+    from dataclasses import replace
+
+    return replace(model, weights={k: round_to_bf16(v) if v.ndim == 2 else v for k, v in model.weights.items()})
+
+
 def hf_config(name: str):
     import transformers
 
