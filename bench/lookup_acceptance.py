@@ -63,11 +63,14 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
     """The passes a drafted decode of `generated` takes, by kind: plain tokens, the drafts' build's passes without a
     draft, with one (`drafted`; `missed`: their first draft token was wrong), and the switches between the builds.
     The drafts' build throughout (`rule` None), or switching builds as engine/drafts.py's BuildSwitch says under
-    (COPY_MATCH, DRY_PASSES) = `rule`, from the plain build (a switch leaves at a pass's end)."""
+    (COPY_MATCH, DRY_PASSES) = `rule`, from the plain build. A switch leaves one pass after the pass whose token decided
+    it, as the engine's does: the host sees that token while the next pass runs, and the kernel reads the host's cancel
+    at a pass's final norm (kernels/decode.cu; assuming the host queues the other build within a pass's layers)."""
     context, done = ContextDrafts(prompt, ngram, min_match), 0
     counts = dict(plain=0, without=0, drafted=0, missed=0, switches=0)
     drafting = rule is None
     switch = BuildSwitch(ContextDrafts(prompt, ngram, min_match), positions) if rule else None
+    decided = False  # BuildSwitch said to leave: the launch ends after the pass that runs next
     with switching_rule(rule):
         if rule:
             switch.start(drafting=False)
@@ -80,10 +83,12 @@ def replay(prompt: list[int], generated: list[int], positions: int, rule: tuple[
             leave = [switch.seen(t) for t in generated[done : done + step]][-1] if rule else False
             context.extend(generated[done : done + step])
             done += step
-            if leave and done < len(generated):
-                drafting = not drafting
+            if done < len(generated) and decided:
+                drafting, decided = not drafting, False
                 switch.start(drafting)
                 counts["switches"] += 1
+            elif leave:
+                decided = True
     return counts
 
 

@@ -32,11 +32,12 @@ def test_a_switching_replay_counts_each_build_s_passes():
     reply = [2000 + int(t) for t in rng.permutation(100)[:12]] + span
     # a plain build that never hands over: one plain token a pass, no switch
     assert replay(prompt, reply, 5, (10**6, 4)) == dict(plain=len(reply), without=0, drafted=0, missed=0, switches=0)
-    # one that hands over after its first token to a drafts' build that never hands back: the drafts' build's
-    # passes over the rest of the reply, as if it had run throughout from there
+    # one that decides to hand over at its first token to a drafts' build that never hands back: its second pass runs
+    # while the host decides (the switch lands a pass late), then the drafts' build's passes over the rest of the
+    # reply, as if it had run throughout from there
     n = replay(prompt, reply, 5, (0, 10**6))
-    rest = replay(prompt + reply[:1], reply[1:], 5, None)
-    assert (n["plain"], n["switches"]) == (1, 1) and (n["without"], n["drafted"], n["missed"]) == (
+    rest = replay(prompt + reply[:2], reply[2:], 5, None)
+    assert (n["plain"], n["switches"]) == (2, 1) and (n["without"], n["drafted"], n["missed"]) == (
         rest["without"], rest["drafted"], rest["missed"])
     assert rest["drafted"] > 0 and rest["without"] > 0
 
