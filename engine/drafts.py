@@ -20,9 +20,9 @@ NGRAM = 4  # the longest suffix a draft matches (kernels: DRAFT_NGRAM)
 MIN_MATCH = 2  # a draft needs this many of the last tokens matched (kernels: DRAFT_MIN_MATCH)
 # (4, 4) of the rules timed on SmolLM2's real replies with a switch's ~26 us (PERF.md session 75): free prose 1.12x
 # the plain decode ((3, 3), (3, 6): 1.09x; (2, 4): 1.03x), the agent's own reply 1.72-1.73x ((3, 6): 1.75x, the
-# drafts' build throughout 1.76x); the other three within 0.02x of the best rule. With the larger shapes' pass costs
-# (bench/drafts_model.py, sessions 76-77) it stays within 0.3% (1-2B) and 0.8% (3-7B: (3, 3) best) of the best of
-# eight rules, inside the model's error.
+# drafts' build throughout 1.76x); the other three within 0.02x of the best rule. By bench/drafts_model.py, whose
+# switches land a pass late as the engine's do (PERF.md session 80), (3, 4) would be 0.9-1.6% faster on every shape:
+# inside the model's error, not yet timed.
 COPY_MATCH = 4  # the plain build hands over where the context's last this-many tokens occurred before
 DRY_PASSES = 4  # the drafts' build hands back after this many passes in a row that kept no draft token
 
