@@ -110,6 +110,13 @@ MORE = {  # name: (system message or None, user message); the first letter says 
 }
 
 
+def decode_time(passes: dict[str, int], costs: tuple[float, ...]) -> float:
+    """A decode's time from its passes by kind (`replay`'s counts) at `costs` (PLAIN, WITHOUT, WITH, SWITCH)."""
+    plain, without, drafted, switch = costs
+    return (passes["plain"] * plain + passes["without"] * without + passes["drafted"] * drafted
+            + passes["switches"] * switch)
+
+
 def hindsight(prompt: list[int], reply: list[int], positions: int, costs: tuple[float, ...]) -> float:
     """The least time a switching decode of `reply` can take at `costs` (PLAIN, WITHOUT, WITH, SWITCH), every switch
     placed knowing the whole reply: a shortest path over (tokens done, build running), starting in the plain build as
@@ -152,8 +159,8 @@ def main() -> None:
     except ValueError as e:
         parser.error(str(e))
     try:
-        costs = [tuple(float(x) for x in c.split(",")) for c in args.costs]
-        if any(len(c) != 4 for c in costs):
+        cost_sets = [tuple(float(x) for x in c.split(",")) for c in args.costs]
+        if any(len(c) != 4 for c in cost_sets):
             raise ValueError
     except ValueError:
         parser.error("--costs takes four numbers")
@@ -161,17 +168,15 @@ def main() -> None:
     backend = create_backend(model, "cpu", 4096)
     replies = {name: greedy_reply(model, backend, system, text, args.tokens)
                for name, (system, text) in (PROMPTS | (MORE if args.more else {})).items()}
-    for plain, without, drafted, switch in costs:
+    for costs in cost_sets:
+        plain, without, drafted, switch = costs
         print(f"costs: plain {plain:g}, a pass without a draft {without:g}, with one {drafted:g}, a switch {switch:g}")
         for rule in [None] + rules:
-            rates = {}
-            for name, (prompt, reply) in replies.items():
-                n = replay(prompt, reply, args.positions, rule)
-                time = n["plain"] * plain + n["without"] * without + n["drafted"] * drafted + n["switches"] * switch
-                rates[name] = len(reply) * plain / time
-            report(f"switching {rule}" if rule else "drafts' build throughout", rates)
+            report(f"switching {rule}" if rule else "drafts' build throughout", {
+                name: len(reply) * plain / decode_time(replay(prompt, reply, args.positions, rule), costs)
+                for name, (prompt, reply) in replies.items()})
         report("switching in hindsight", {
-            name: len(reply) * plain / hindsight(prompt, reply, args.positions, (plain, without, drafted, switch))
+            name: len(reply) * plain / hindsight(prompt, reply, args.positions, costs)
             for name, (prompt, reply) in replies.items()})
 
 

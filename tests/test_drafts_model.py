@@ -5,15 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.drafts_model import hindsight
+from bench.drafts_model import decode_time, hindsight
 from bench.lookup_acceptance import parse_rules, replay
 
 COSTS = (1.0, 1.2, 1.5, 0.5)  # a plain token, a drafts' build's pass without a draft and with one, a switch
-
-
-def _time(n: dict[str, int]) -> float:
-    plain, without, drafted, switch = COSTS
-    return n["plain"] * plain + n["without"] * without + n["drafted"] * drafted + n["switches"] * switch
 
 
 def test_hindsight_finds_the_best_switch_and_no_rule_beats_it():
@@ -30,4 +25,4 @@ def test_hindsight_finds_the_best_switch_and_no_rule_beats_it():
     best = (len(fresh) + 2) * COSTS[0] + COSTS[3] + -(-rest // 5) * COSTS[2]
     assert hindsight(prompt, reply, 5, COSTS) == best
     for rule in [None] + parse_rules("4:4,3:3,2:2,2:8"):
-        assert _time(replay(prompt, reply, 5, rule)) >= best
+        assert decode_time(replay(prompt, reply, 5, rule), COSTS) >= best
