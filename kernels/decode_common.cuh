@@ -79,7 +79,7 @@
 #define KOG_DN_LAYOUT -1
 #endif
 #ifndef KOG_DRAFTS_DN_HALVES  // 1: the drafts' build cuts down in two where the plain build leaves it whole on a small
-#define KOG_DRAFTS_DN_HALVES 0  // shape (DN_SPLIT below; its tokens not yet checked on the GPU)
+#define KOG_DRAFTS_DN_HALVES 0  // shape (DN_SPLIT below; tokens checked, no gain on real replies: off)
 #endif
 #ifndef KOG_ATT_EARLY  // timing experiments: when an attention block issues its first round of K/V tiles (ATT_EARLY_AT
 #define KOG_ATT_EARLY -1  // below): 2 before the layer's QKV input is polled, 1 after that (before the QKV product),
@@ -305,7 +305,8 @@ static_assert(H % 8 == 0 && INTER % 8 == 0 && QD % 8 == 0, "dims must be multipl
 // further. Where the plain build leaves down whole on a small shape (H < 1,024), every block of the drafts' build
 // gathers five positions' act; in two slices (KOG_DRAFTS_DN_HALVES) SmolLM2-135M's five-position passes were 4.1%
 // faster and its passes without a draft 2.4% slower (split forced with weights laid out to match, PERF.md session 79;
-// Llama-3.2-1B in two or eight slices instead of its four: both kinds 2-9% slower).
+// over the plain layout -4.6% / +1.8%, session 81), yet its real replies were no faster (session 81); Llama-3.2-1B in
+// two or eight slices instead of its four: both kinds 2-9% slower.
 __host__ __device__ constexpr int dn_split_of(int inter, int most) {  // fewest slices of at most `most` columns, whole 16-byte vectors
     for (int n = 1; n <= 32; ++n)
         if (inter / 8 % n == 0 && inter / n <= most) return n;
