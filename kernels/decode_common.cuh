@@ -452,16 +452,29 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     }
     return kv < 64 ? (kv + 31) / 32 : best;
 }
-// MMA products: strips a 16-row tile of a product whose rows hold nch 64-column granules is cut into (a divisor of
-// nch): the fewest granules the busiest warp takes, then the fewest strips (their sums meet in shared memory, at
-// most 2,048 a position).
+// MMA products: the granules the busiest warp takes where each 16-row tile of a product whose rows hold nch 64-column
+// granules is cut into n strips, and warp w takes strips w, w + nw, ...: strips of equal length where n divides nch,
+// else (n divides nw) lengths a granule apart, each warp always on the same strip of a tile's.
+__host__ __device__ constexpr int mma_busiest(int tiles, int nch, int nw, int n) {
+    int most = 0;
+    for (int w = 0; w < nw && w < tiles * n; ++w) {
+        const int seg = w % n;
+        most = cmax(most, (tiles * n - w + nw - 1) / nw * ((seg + 1) * nch / n - seg * nch / n));
+    }
+    return most;
+}
+// The strips of such a tile: the fewest granules the busiest warp takes, then the fewest strips (their sums meet in
+// shared memory, at most 2,048 a position). Strips of equal length first; uneven ones only where the busiest warp takes
+// fewer granules: Qwen2.5-Coder-7B's down slices of 37 granules a row, in 14 tiles a block, left two warps of twelve
+// two whole tiles each (74 granules against a mean of 43; 49 in six strips).
 __host__ __device__ constexpr int mma_strips(int tiles, int nch, int nw, int maxr) {
     int best = 1, most = 1 << 30;
-    for (int n = 1; n <= nch; ++n)
-        if (nch % n == 0 && maxr * n <= 2048) {
-            const int m = (tiles * n + nw - 1) / nw * (nch / n);
-            if (m < most) most = m, best = n;
-        }
+    for (int uneven = 0; uneven < 2; ++uneven)
+        for (int n = 1; n <= nch; ++n)
+            if ((uneven ? nch % n != 0 && nw % n == 0 : nch % n == 0) && maxr * n <= 2048) {
+                const int m = mma_busiest(tiles, nch, nw, n);
+                if (m < most) most = m, best = n;
+            }
     return best;
 }
 constexpr int LANE_STRIDE = 36;  // floats per granule of lane sums: 16-byte rows, conflict-free float4 reads
@@ -491,14 +504,23 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     static_assert(NB_LO >= 1 && (SKIP == 0 || GROUPS == 1), "a block for every column slice");
     static constexpr int MAXR = (NUNITS + NB_LO - 1) / NB_LO * RU;
     // MMA (the drafts' build, MMA_PRODUCTS): a granule is 16 rows times 64 columns, multiplied on the tensor cores
-    // (mma_granule_product); a block's 16-row tiles are cut into strips of CH granules' columns, NSEG strips a
-    // tile, and each warp takes whole strips
+    // (mma_granule_product); a block's 16-row tiles are cut into NSEG strips of a row's granules (mma_strips), and
+    // each warp takes whole strips
     static constexpr bool MMA = DRAFTS && !INT8 && MMA_PRODUCTS >= MMA_FROM && MAXR >= 16 && K % 64 == 0;
     static constexpr int TILES = (MAXR + 15) / 16;
     static constexpr int U = MMA ? 4 : pick_u(KV, NW);
     static constexpr int SEGW = 32 * U;
-    static constexpr int NSEG = MMA ? mma_strips(TILES, K / 64, NW, MAXR) : (KV + SEGW - 1) / SEGW;
-    static constexpr int CH = K / 64 / NSEG;  // MMA: granules a strip
+    static constexpr int NCH = K / 64;  // MMA: granules a row
+    static constexpr int NSEG = MMA ? mma_strips(TILES, NCH, NW, MAXR) : (KV + SEGW - 1) / SEGW;
+    static constexpr int CH = NCH / NSEG;  // MMA: granules of the shortest strip
+    static_assert(!MMA || NCH % NSEG == 0 || NW % NSEG == 0, "uneven strips: each warp on one strip of a tile's");
+    // MMA: strip seg of a tile holds its row's granules seg_col(seg) .. seg_col(seg + 1) - 1
+    __host__ __device__ static constexpr int seg_col(int seg) { return seg * NCH / NSEG; }
+    // ... and warp w's strips are of strip_len(w) granules (uneven strips: all of seg w % NSEG)
+    __device__ static int strip_len(int warp) {
+        if constexpr (NCH % NSEG == 0) return CH;
+        return seg_col(warp % NSEG + 1) - seg_col(warp % NSEG);
+    }
     static constexpr bool FULL = KV % SEGW == 0;
     // Where a warp takes at most four granules (SmolLM2's four layer products, QKV and O on the
     // big shapes but Qwen3's QKV), each lane leaves its partial sum in shared memory and the
@@ -598,11 +620,11 @@ __device__ __forceinline__ const uint4* mv_tile(const unsigned short* w, long lo
     return reinterpret_cast<const uint4*>(w + off + M::tile_at(b));
 }
 // The granules of warp `warp` are g = warp + NW i for g below this (M::MMA: warp w takes strips w, w + NW, ...,
-// CH granules each; else every warp takes every NW-th of the block's).
+// strip_len(w) granules each; else every warp takes every NW-th of the block's).
 template <class M>
 __device__ __forceinline__ int mv_ngran(int b, int warp) {
     const int nr = M::row1(b) - M::row0(b);
-    if constexpr (M::MMA) return warp + NW * M::CH * (((nr + 15) / 16 * M::NSEG - warp + NW - 1) / NW);
+    if constexpr (M::MMA) return warp + NW * M::strip_len(warp) * (((nr + 15) / 16 * M::NSEG - warp + NW - 1) / NW);
     return nr * M::NSEG;
 }
 template <class M>

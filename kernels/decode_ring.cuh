@@ -68,14 +68,22 @@ __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
                       __byte_perm(v.y, hb, 0x7362));
 }
 
-// An MMA granule (Mv::MMA): the warp's i-th of M's is granule `chunk` of its strip, in 16-row tile `tile`.
+// An MMA granule (Mv::MMA): the warp's i-th of M's is granule `col` of its row's in 16-row tile `tile`, in strip `seg`
+// of the tile's; `last`: its strip's last (its sums then go to shared memory).
 struct MmaGranule {
-    int tile, seg, chunk;  // rows 16 tile .. 16 tile + 15, columns 64 (seg CH + chunk) .. + 63 of the block's
+    int tile, seg, col;  // rows 16 tile .. 16 tile + 15, columns 64 col .. 64 col + 63 of the block's
+    bool last;
 };
 template <class M>
 __device__ __forceinline__ MmaGranule mma_granule(int i, int warp) {
-    const int strip = i / M::CH * NW + warp, tile = strip / M::NSEG;
-    return {tile, strip - tile * M::NSEG, i % M::CH};
+    if constexpr (M::NCH % M::NSEG == 0) {
+        const int strip = i / M::CH * NW + warp, tile = strip / M::NSEG, seg = strip - tile * M::NSEG, chunk = i % M::CH;
+        return {tile, seg, seg * M::CH + chunk, chunk == M::CH - 1};
+    } else {  // uneven strips: the warp's are all of seg warp % NSEG, of CH or CH + 1 granules (constant divisors)
+        const int seg = warp % M::NSEG, len = M::strip_len(warp), j = len == M::CH ? i / M::CH : i / (M::CH + 1);
+        const int chunk = i - j * len;
+        return {(j * NW + warp) / M::NSEG, seg, M::seg_col(seg) + chunk, chunk == len - 1};
+    }
 }
 // Where 16-byte vector v (of 8) of row r (of 16) of an MMA granule lies in its slot: a row's vectors are permuted
 // by the row, so that the eight rows' reads of one column of vectors (mma_granule_product) meet no bank twice.
@@ -87,7 +95,7 @@ __device__ __forceinline__ void stream_next_mma(Ctx& c, uint4* slot) {
     Stream& s = c.st;
     const MmaGranule m = mma_granule<M>(s.g / NW, c.warp);
     const int last = M::row1(c.b) - M::row0(c.b) - 1;
-    const uint4* const src = s.src.tile + (m.seg * M::CH + m.chunk) * 8;
+    const uint4* const src = s.src.tile + m.col * 8;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int j = i * KOG_WAVE + c.lane, r = j >> 3, v = j & 7;
@@ -245,7 +253,7 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
     const MmaGranule m = mma_granule<M>(g / NW, c.warp);
     const uint2* const w2 = reinterpret_cast<const uint2*>(slot);
     const float* const xq = xs + q * MV_X;
-    const int e0 = (m.seg * M::CH + m.chunk) * 64 + 4 * t;  // this lane's first input of the granule
+    const int e0 = m.col * 64 + 4 * t;  // this lane's first input of the granule
     kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
@@ -262,7 +270,7 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
         kog_mma_bf16(hi, a, bh0, bh1);
         kog_mma_bf16(lo, a, bl0, bl1);
     }
-    if (m.chunk == M::CH - 1) {
+    if (m.last) {
         const int nr = M::row1(c.b) - M::row0(c.b);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {  // (row q + 8 (k / 2), position 2t + k % 2)
@@ -282,7 +290,7 @@ __device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* s
                                                     float& acc) {
     const int r = c.lane >> 1, h = c.lane & 1;
     const MmaGranule m = mma_granule<M>(g / NW, c.warp);
-    const int col0 = (m.seg * M::CH + m.chunk) * 8 + 4 * h;  // this lane's first 16-byte weight vector's column
+    const int col0 = m.col * 8 + 4 * h;  // this lane's first 16-byte weight vector's column
     kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
     uint4 wv[4];
 #pragma unroll
@@ -291,7 +299,7 @@ __device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* s
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[i] = dot8(wv[i], xs_lo(xs, col0 + i), xs_hi(xs, col0 + i));
     acc += (d[0] + d[1]) + (d[2] + d[3]);
-    if (m.chunk == M::CH - 1) {
+    if (m.last) {
         const float sum = acc + kog_shfl_xor(acc, 1);
         const int row = 16 * m.tile + r, nr = M::row1(c.b) - M::row0(c.b);
         if (h == 0 && row < nr) red[row * M::NSEG + m.seg] = sum;

@@ -44,9 +44,10 @@ LLAMA_32 = SHAPES["llama-3.2-1b-instruct"] | {"KOG_NBLK": "32"}
 TRACED = dict(KOG_TRACE=64, KOG_TRACE_LAYER=8)
 
 # The drafts' build (engine/backends/cuda.py draft_positions): five positions a pass (Qwen3-8B: the LM head's sums
-# in chunks, kernels' LM_CHUNK).
+# in chunks, kernels' LM_CHUNK; Qwen2.5-Coder-7B: down's tiles in strips of uneven lengths, kernels' mma_strips).
 DRAFTS = {n: SHAPES[n] | {"KOG_NPOS": "5"} for n in ("smollm2-135m-instruct", "llama-3.2-1b-instruct",
-                                                      "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b", "qwen3-8b")}
+                                                      "qwen2.5-coder-1.5b-instruct", "qwen3-1.7b", "qwen3-8b",
+                                                      "qwen2.5-coder-7b-instruct")}
 # ... and SmolLM2's with down in two slices of the plain build's whole rows (the host passes that layout).
 DRAFTS_DN_HALVES = DRAFTS["smollm2-135m-instruct"] | {"KOG_DRAFTS_DN_HALVES": "1", "KOG_DN_LAYOUT": "1"}
 
