@@ -68,22 +68,24 @@ __device__ __forceinline__ uint4 decode_as_12bit(uint4 v, unsigned base4) {
                       __byte_perm(v.y, hb, 0x7362));
 }
 
-// An MMA granule (Mv::MMA): the warp's i-th of M's is granule `col` of its row's in 16-row tile `tile`, in strip `seg`
-// of the tile's; `last`: its strip's last (its sums then go to shared memory).
+// An MMA granule (Mv::MMA): the warp's i-th of M's is granule `chunk` of strip `seg` of 16-row tile `tile`.
 struct MmaGranule {
-    int tile, seg, col;  // rows 16 tile .. 16 tile + 15, columns 64 col .. 64 col + 63 of the block's
-    bool last;
+    int tile, seg, chunk;  // rows 16 tile .. 16 tile + 15, columns 64 mma_col(m) .. + 63 of the block's
 };
 template <class M>
 __device__ __forceinline__ MmaGranule mma_granule(int i, int warp) {
     if constexpr (M::NCH % M::NSEG == 0) {
-        const int strip = i / M::CH * NW + warp, tile = strip / M::NSEG, seg = strip - tile * M::NSEG, chunk = i % M::CH;
-        return {tile, seg, seg * M::CH + chunk, chunk == M::CH - 1};
+        const int strip = i / M::CH * NW + warp, tile = strip / M::NSEG;
+        return {tile, strip - tile * M::NSEG, i % M::CH};
     } else {  // uneven strips: the warp's are all of seg warp % NSEG, of CH or CH + 1 granules (constant divisors)
-        const int seg = warp % M::NSEG, len = M::strip_len(warp), j = len == M::CH ? i / M::CH : i / (M::CH + 1);
-        const int chunk = i - j * len;
-        return {(j * NW + warp) / M::NSEG, seg, M::seg_col(seg) + chunk, chunk == len - 1};
+        const int len = M::strip_len(warp), j = len == M::CH ? i / M::CH : i / (M::CH + 1);
+        return {(j * NW + warp) / M::NSEG, warp % M::NSEG, i - j * len};
     }
+}
+template <class M>
+__device__ __forceinline__ int mma_col(const MmaGranule& m) {  // the granule's column of 64 in its row's
+    if constexpr (M::NCH % M::NSEG == 0) return m.seg * M::CH + m.chunk;
+    return M::seg_col(m.seg) + m.chunk;
 }
 // Where 16-byte vector v (of 8) of row r (of 16) of an MMA granule lies in its slot: a row's vectors are permuted
 // by the row, so that the eight rows' reads of one column of vectors (mma_granule_product) meet no bank twice.
@@ -95,7 +97,7 @@ __device__ __forceinline__ void stream_next_mma(Ctx& c, uint4* slot) {
     Stream& s = c.st;
     const MmaGranule m = mma_granule<M>(s.g / NW, c.warp);
     const int last = M::row1(c.b) - M::row0(c.b) - 1;
-    const uint4* const src = s.src.tile + m.col * 8;
+    const uint4* const src = s.src.tile + mma_col<M>(m) * 8;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const int j = i * KOG_WAVE + c.lane, r = j >> 3, v = j & 7;
@@ -253,7 +255,7 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
     const MmaGranule m = mma_granule<M>(g / NW, c.warp);
     const uint2* const w2 = reinterpret_cast<const uint2*>(slot);
     const float* const xq = xs + q * MV_X;
-    const int e0 = m.col * 64 + 4 * t;  // this lane's first input of the granule
+    const int e0 = mma_col<M>(m) * 64 + 4 * t;  // this lane's first input of the granule
     kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
 #pragma unroll
     for (int kt = 0; kt < 4; ++kt) {
@@ -270,7 +272,7 @@ __device__ __forceinline__ void mma_granule_product(const Ctx& c, const uint4* s
         kog_mma_bf16(hi, a, bh0, bh1);
         kog_mma_bf16(lo, a, bl0, bl1);
     }
-    if (m.last) {
+    if (m.chunk == M::strip_len(c.warp) - 1) {  // the strip's last granule
         const int nr = M::row1(c.b) - M::row0(c.b);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {  // (row q + 8 (k / 2), position 2t + k % 2)
@@ -290,7 +292,7 @@ __device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* s
                                                     float& acc) {
     const int r = c.lane >> 1, h = c.lane & 1;
     const MmaGranule m = mma_granule<M>(g / NW, c.warp);
-    const int col0 = m.col * 8 + 4 * h;  // this lane's first 16-byte weight vector's column
+    const int col0 = mma_col<M>(m) * 8 + 4 * h;  // this lane's first 16-byte weight vector's column
     kog_wave_sync();  // every lane has waited for its own copies; the reads below cross lanes
     uint4 wv[4];
 #pragma unroll
@@ -299,7 +301,7 @@ __device__ __forceinline__ void fma_granule_product(const Ctx& c, const uint4* s
 #pragma unroll
     for (int i = 0; i < 4; ++i) d[i] = dot8(wv[i], xs_lo(xs, col0 + i), xs_hi(xs, col0 + i));
     acc += (d[0] + d[1]) + (d[2] + d[3]);
-    if (m.last) {
+    if (m.chunk == M::strip_len(c.warp) - 1) {  // the strip's last granule
         const float sum = acc + kog_shfl_xor(acc, 1);
         const int row = 16 * m.tile + r, nr = M::row1(c.b) - M::row0(c.b);
         if (h == 0 && row < nr) red[row * M::NSEG + m.seg] = sum;
