@@ -452,14 +452,17 @@ __host__ __device__ constexpr int pick_u(int kv, int nw) {
     }
     return kv < 64 ? (kv + 31) / 32 : best;
 }
-// MMA products: the granules the busiest warp takes where each 16-row tile of a product whose rows hold nch 64-column
-// granules is cut into n strips, and warp w takes strips w, w + nw, ...: strips of equal length where n divides nch,
-// else (n divides nw) lengths a granule apart, each warp always on the same strip of a tile's.
+// MMA products: strip seg of n that a row of nch 64-column granules is cut into starts at this granule (lengths a
+// granule apart where n does not divide nch).
+__host__ __device__ constexpr int strip_start(int seg, int nch, int n) { return seg * nch / n; }
+// The granules the busiest warp takes where each 16-row tile of such a product is cut into n strips, and warp w takes
+// strips w, w + nw, ...: strips of equal length where n divides nch, else (n divides nw) each warp always on the same
+// strip of a tile's.
 __host__ __device__ constexpr int mma_busiest(int tiles, int nch, int nw, int n) {
     int most = 0;
     for (int w = 0; w < nw && w < tiles * n; ++w) {
         const int seg = w % n;
-        most = cmax(most, (tiles * n - w + nw - 1) / nw * ((seg + 1) * nch / n - seg * nch / n));
+        most = cmax(most, (tiles * n - w + nw - 1) / nw * (strip_start(seg + 1, nch, n) - strip_start(seg, nch, n)));
     }
     return most;
 }
@@ -515,7 +518,7 @@ struct Mv {  // GROUPS > 1: a matrix of GROUPS column slices ([GROUPS][NROWS][K]
     static constexpr int CH = NCH / NSEG;  // MMA: granules of the shortest strip
     static_assert(!MMA || NCH % NSEG == 0 || NW % NSEG == 0, "uneven strips: each warp on one strip of a tile's");
     // MMA: strip seg of a tile holds its row's granules seg_col(seg) .. seg_col(seg + 1) - 1
-    __host__ __device__ static constexpr int seg_col(int seg) { return seg * NCH / NSEG; }
+    __host__ __device__ static constexpr int seg_col(int seg) { return strip_start(seg, NCH, NSEG); }
     // ... and warp w's strips are of strip_len(w) granules (uneven strips: all of seg w % NSEG)
     __device__ static int strip_len(int warp) {
         if constexpr (NCH % NSEG == 0) return CH;
